@@ -1,0 +1,145 @@
+//! The control plane: schema `pgtenant`, created and upgraded by embedded refinery migrations.
+
+use serde::Serialize;
+use tokio_postgres::Client;
+use tracing::{info, instrument};
+
+use crate::error::{Error, Result};
+use crate::migrate::InTransaction;
+
+mod embedded {
+    refinery::embed_migrations!("migrations");
+}
+
+/// The schema that holds pgtenant's own tables and views.
+pub const CONTROL_SCHEMA: &str = "pgtenant";
+
+/// Where refinery records the control plane's applied migrations.
+const HISTORY_TABLE: &str = "pgtenant.refinery_schema_history";
+
+/// Second key of the advisory lock that serialises control-plane setups. Replica liveness locks
+/// use keys from 1 up (`pgtenant.replicas.lock_key`), so 0 is free for this.
+const SETUP_LOCK_KEY: i32 = 0;
+
+/// First key of every pgtenant advisory lock (`pgtenant.lock_namespace()`): "pgt1".
+pub(crate) const LOCK_NAMESPACE: i32 = 0x7067_7431;
+
+/// What [`setup`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SetupReport {
+    /// The migrations applied by this call, as `V<n>__<name>`; empty when it was up to date.
+    pub applied: Vec<String>,
+    /// The control plane's version after the call.
+    pub version: i64,
+}
+
+/// The newest control-plane version this library carries.
+pub fn supported_version() -> i64 {
+    embedded::migrations::runner()
+        .get_migrations()
+        .iter()
+        .map(|migration| i64::from(migration.version()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Creates or upgrades the control plane, idempotently.
+///
+/// Safe when many processes call it at once: the whole run is one transaction under a
+/// transaction-level advisory lock, so concurrent callers wait for each other, and a failing
+/// migration leaves nothing half-built. A database whose control plane is newer than this
+/// library is refused with [`Error::ControlPlaneTooNew`] before anything changes.
+///
+/// ```no_run
+/// # async fn example(client: &mut tokio_postgres::Client) -> pgtenant::Result<()> {
+/// let report = pgtenant::setup(client).await?;
+/// println!("control plane at version {}", report.version);
+/// # Ok(()) }
+/// ```
+#[instrument(skip_all)]
+pub async fn setup(client: &mut Client) -> Result<SetupReport> {
+    let transaction = client
+        .transaction()
+        .await
+        .map_err(Error::db("begin control-plane setup"))?;
+    transaction
+        .execute(
+            "SELECT pg_advisory_xact_lock($1, $2)",
+            &[&LOCK_NAMESPACE, &SETUP_LOCK_KEY],
+        )
+        .await
+        .map_err(Error::db("take the control-plane setup lock"))?;
+    // Checked under the lock, so a newer library cannot upgrade the schema in between.
+    let found = read_version(&transaction).await?;
+    let supported = supported_version();
+    if found > supported {
+        return Err(Error::ControlPlaneTooNew { found, supported });
+    }
+    transaction
+        .batch_execute("CREATE SCHEMA IF NOT EXISTS pgtenant")
+        .await
+        .map_err(Error::db("create schema pgtenant"))?;
+    let mut runner = embedded::migrations::runner();
+    runner.set_migration_table_name(HISTORY_TABLE);
+    let report = runner
+        .set_abort_divergent(true)
+        .set_abort_missing(true)
+        .run_async(&mut InTransaction(&transaction))
+        .await
+        .map_err(Error::Migration)?;
+    transaction
+        .commit()
+        .await
+        .map_err(Error::db("commit control-plane setup"))?;
+    let applied: Vec<String> = report
+        .applied_migrations()
+        .iter()
+        .map(|migration| format!("V{}__{}", migration.version(), migration.name()))
+        .collect();
+    let version = found.max(supported);
+    if !applied.is_empty() {
+        info!(?applied, version, "control plane upgraded");
+    }
+    Ok(SetupReport { applied, version })
+}
+
+/// The control plane's version in this database: 0 when it has none.
+pub async fn control_plane_version(client: &Client) -> Result<i64> {
+    read_version(client).await
+}
+
+/// Refuses to work on a database whose control plane is not exactly this library's.
+pub(crate) async fn ensure_current(client: &Client) -> Result<()> {
+    let found = read_version(client).await?;
+    let supported = supported_version();
+    if found > supported {
+        return Err(Error::ControlPlaneTooNew { found, supported });
+    }
+    if found < supported {
+        return Err(Error::ControlPlaneOutdated {
+            found,
+            needed: supported,
+        });
+    }
+    Ok(())
+}
+
+async fn read_version(client: &impl tokio_postgres::GenericClient) -> Result<i64> {
+    let context = "read the control-plane version";
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db(context))?;
+    if !exists {
+        return Ok(0);
+    }
+    client
+        .query_one(
+            "SELECT coalesce(max(version), 0)::bigint FROM pgtenant.refinery_schema_history",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db(context))
+}

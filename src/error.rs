@@ -1,0 +1,153 @@
+//! The one error type of pgtenant.
+
+use std::fmt;
+
+use crate::id::InvalidTenantId;
+
+/// SQLSTATE raised by `pgtenant.fence` when a handle's epoch is no longer the tenant's epoch.
+pub const SQLSTATE_FENCED: &str = "PTF01";
+/// SQLSTATE raised by `pgtenant.fence` when the tenant has been forgotten or has no schema.
+pub const SQLSTATE_FORGOTTEN: &str = "PTF02";
+
+/// Everything that can go wrong in pgtenant.
+///
+/// Match on the variant to act on it; [`Error::is_retryable`] tells a database that is
+/// unavailable for now from a failure that retrying will not fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tenant id broke the fixed format; nothing was sent to the database.
+    #[error(transparent)]
+    InvalidTenantId(#[from] InvalidTenantId),
+
+    /// An option is out of its range; nothing was started or changed.
+    #[error("invalid option `{option}`: {reason}")]
+    InvalidOption {
+        /// The option's name.
+        option: &'static str,
+        /// What was wrong and what range is accepted.
+        reason: String,
+    },
+
+    /// A database call failed. Display carries the server's SQLSTATE and message.
+    #[error("{context}: {}", DbCause(source))]
+    Database {
+        /// What pgtenant was doing.
+        context: String,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// No connection could be had from the pool in time, or the pool is closed.
+    #[error("{context}: no database connection: {reason}")]
+    Pool {
+        /// What pgtenant was doing.
+        context: String,
+        /// The pool's own words.
+        reason: String,
+    },
+
+    /// The database's control plane was written by a newer pgtenant than this one.
+    #[error(
+        "the database's pgtenant control plane is at version {found}, but this library knows versions up to {supported}: \
+         upgrade pgtenant in this application (never downgrade a database's control plane)"
+    )]
+    ControlPlaneTooNew {
+        /// The version recorded in the database.
+        found: i64,
+        /// The newest version this library carries.
+        supported: i64,
+    },
+
+    /// The database has no pgtenant control plane, or an older one than this library needs.
+    #[error(
+        "the database's pgtenant control plane is at version {found}, this library needs {needed}: \
+         run `pgtenant setup` or pgtenant::setup() first"
+    )]
+    ControlPlaneOutdated {
+        /// The version recorded in the database (0: none).
+        found: i64,
+        /// The version this library needs.
+        needed: i64,
+    },
+
+    /// Applying control-plane migrations failed; the transaction was rolled back.
+    #[error("control-plane migration failed: {0}")]
+    Migration(#[source] refinery::Error),
+}
+
+impl Error {
+    /// True when the database is unavailable for now (unreachable, restarting, out of
+    /// connections, a pool timeout) or the transaction lost a serialization race: trying again
+    /// later may succeed. False for everything a retry cannot fix.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Database { source, .. } => is_unavailable(source),
+            Error::Pool { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The SQLSTATE code of the database error behind this one, if any.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Error::Database { source, .. } => source.code().map(|code| code.code()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Database { context, source }
+    }
+}
+
+/// Whether a driver error means "the database is not there right now".
+pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
+    if error.is_closed() {
+        return true;
+    }
+    match error.code() {
+        // No server answer at all: connect refused, reset, timed out, TLS or protocol I/O.
+        None => error.as_db_error().is_none(),
+        Some(code) => {
+            let code = code.code();
+            // 08: connection exception; 53: insufficient resources (too many connections,
+            // out of memory); 57P01-03: admin/crash shutdown, cannot connect now; 40001/40P01:
+            // serialization failure and deadlock, where the transaction can simply run again.
+            code.starts_with("08")
+                || code.starts_with("53")
+                || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+        }
+    }
+}
+
+/// Renders what tokio-postgres' own Display leaves out: the server's SQLSTATE, message,
+/// detail and hint, or the I/O cause.
+struct DbCause<'a>(&'a tokio_postgres::Error);
+
+impl fmt::Display for DbCause<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(db) = self.0.as_db_error() {
+            write!(f, "{} (SQLSTATE {})", db.message(), db.code().code())?;
+            if let Some(detail) = db.detail() {
+                write!(f, "; detail: {detail}")?;
+            }
+            if let Some(hint) = db.hint() {
+                write!(f, "; hint: {hint}")?;
+            }
+            return Ok(());
+        }
+        write!(f, "{}", self.0)?;
+        let mut cause = std::error::Error::source(self.0);
+        while let Some(inner) = cause {
+            write!(f, ": {inner}")?;
+            cause = inner.source();
+        }
+        Ok(())
+    }
+}
+
+/// Convenience alias.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

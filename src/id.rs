@@ -1,0 +1,295 @@
+//! Tenant ids and the schema names derived from them.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The longest organization or ledger part, in bytes.
+pub const MAX_ID_PART_LEN: usize = 30;
+
+/// PostgreSQL's identifier limit (`NAMEDATALEN - 1`); longer names are silently truncated.
+const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// Prefix of a tenant schema once it is moved to the trash.
+pub(crate) const TRASH_PREFIX: &str = "trash_";
+
+/// Prefix of every live tenant schema. Never `pg_`, which PostgreSQL reserves.
+const LIVE_PREFIX: &str = "t_";
+
+/// Hex digits of the hash that makes schema names collision-free after truncation.
+const HASH_HEX_DIGITS: usize = 10;
+
+/// A tenant's identity: `organization/ledger`, each part matching `^[a-z0-9][a-z0-9-]{0,29}$`.
+///
+/// Construction validates both parts before anything else happens, so a `TenantId` that
+/// exists is always safe to use in SQL identifiers and keys.
+///
+/// ```
+/// use pgtenant::TenantId;
+///
+/// let id = TenantId::new("acme", "invoices")?;
+/// assert_eq!(id.key(), "acme/invoices");
+/// assert!(TenantId::new("Acme", "invoices").is_err());
+/// # Ok::<(), pgtenant::InvalidTenantId>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TenantId {
+    key: String,
+    split: usize,
+}
+
+/// Which part of a tenant id broke a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdPart {
+    /// The organization, before the `/`.
+    Organization,
+    /// The ledger, after the `/`.
+    Ledger,
+    /// The whole `organization/ledger` key.
+    Key,
+}
+
+impl fmt::Display for IdPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IdPart::Organization => "organization",
+            IdPart::Ledger => "ledger",
+            IdPart::Key => "tenant key",
+        })
+    }
+}
+
+/// The rule a tenant id broke.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "rule")]
+#[non_exhaustive]
+pub enum IdRule {
+    /// The part is empty.
+    Empty,
+    /// The part is longer than [`MAX_ID_PART_LEN`] bytes.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The first character must be a lowercase ASCII letter or a digit.
+    BadFirstChar {
+        /// The offending character.
+        found: char,
+    },
+    /// Only lowercase ASCII letters, digits and `-` are allowed.
+    BadChar {
+        /// The offending character.
+        found: char,
+        /// Its byte offset in the part.
+        at: usize,
+    },
+    /// A key must be `organization/ledger` with exactly one `/`.
+    NotAKey,
+}
+
+/// A tenant id that broke a rule; nothing was touched in the database.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
+#[error("invalid {part} {value}: {}; {}", describe_rule(rule), REPAIR)]
+pub struct InvalidTenantId {
+    /// The part that broke the rule.
+    pub part: IdPart,
+    /// The rule it broke.
+    pub rule: IdRule,
+    /// The value, escaped and shortened so it is safe to log.
+    pub value: String,
+}
+
+const REPAIR: &str =
+    "use 1 to 30 lowercase ASCII letters, digits or '-', starting with a letter or digit (^[a-z0-9][a-z0-9-]{0,29}$)";
+
+fn describe_rule(rule: &IdRule) -> String {
+    match rule {
+        IdRule::Empty => "it is empty".to_owned(),
+        IdRule::TooLong { len } => {
+            format!("it is {len} bytes long, the limit is {MAX_ID_PART_LEN}")
+        }
+        IdRule::BadFirstChar { found } => {
+            format!("it starts with {found:?}, which is not a lowercase letter or digit")
+        }
+        IdRule::BadChar { found, at } => format!("character {found:?} at byte {at} is not allowed"),
+        IdRule::NotAKey => "a key is 'organization/ledger' with exactly one '/'".to_owned(),
+    }
+}
+
+/// A printable, bounded rendering of untrusted input for error messages.
+fn shown(value: &str) -> String {
+    const SHOWN_CHARS: usize = 40;
+    let mut out: String = value.chars().take(SHOWN_CHARS).collect();
+    if value.chars().nth(SHOWN_CHARS).is_some() {
+        out.push('…');
+    }
+    format!("{out:?}")
+}
+
+fn validate_part(part: IdPart, value: &str) -> Result<(), InvalidTenantId> {
+    let fail = |rule| {
+        Err(InvalidTenantId {
+            part,
+            rule,
+            value: shown(value),
+        })
+    };
+    let Some(first) = value.chars().next() else {
+        return fail(IdRule::Empty);
+    };
+    if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
+        return fail(IdRule::BadFirstChar { found: first });
+    }
+    if let Some((at, found)) = value
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        return fail(IdRule::BadChar { found, at });
+    }
+    if value.len() > MAX_ID_PART_LEN {
+        return fail(IdRule::TooLong { len: value.len() });
+    }
+    Ok(())
+}
+
+impl TenantId {
+    /// Validates both parts and builds the id.
+    ///
+    /// # Errors
+    /// [`InvalidTenantId`] naming the part and the rule it broke.
+    pub fn new(organization: &str, ledger: &str) -> Result<Self, InvalidTenantId> {
+        validate_part(IdPart::Organization, organization)?;
+        validate_part(IdPart::Ledger, ledger)?;
+        Ok(TenantId {
+            key: format!("{organization}/{ledger}"),
+            split: organization.len(),
+        })
+    }
+
+    /// Parses a key of the form `organization/ledger`.
+    ///
+    /// # Errors
+    /// [`InvalidTenantId`] naming the part and the rule it broke.
+    pub fn parse(key: &str) -> Result<Self, InvalidTenantId> {
+        match key.split_once('/') {
+            Some((organization, ledger)) if !ledger.contains('/') => {
+                TenantId::new(organization, ledger)
+            }
+            _ => Err(InvalidTenantId {
+                part: IdPart::Key,
+                rule: IdRule::NotAKey,
+                value: shown(key),
+            }),
+        }
+    }
+
+    /// The organization part.
+    pub fn organization(&self) -> &str {
+        &self.key[..self.split]
+    }
+
+    /// The ledger part.
+    pub fn ledger(&self) -> &str {
+        &self.key[self.split + 1..]
+    }
+
+    /// The text key, `organization/ledger`: the primary key of `pgtenant.tenants`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The schema of this tenant's life that began at `life_epoch`.
+    ///
+    /// `t_<organization>_<ledger>_<epoch>_<hash>`: lowercase `[a-z0-9_]`, recognisable in psql,
+    /// the readable parts shortened so that even with the trash prefix the name stays within
+    /// PostgreSQL's 63 bytes; the hash of the full key and epoch keeps shortened names apart.
+    pub fn schema_name(&self, life_epoch: i64) -> String {
+        let epoch = life_epoch.to_string();
+        let hash = fnv1a64(format!("{}\0{}", self.key, epoch).as_bytes());
+        let hash = format!("{hash:016x}");
+        let hash = &hash[..HASH_HEX_DIGITS];
+        // t_ + org + _ + ledger + _ + epoch + _ + hash, within the budget left by the trash prefix.
+        let budget = MAX_IDENTIFIER_LEN - TRASH_PREFIX.len();
+        let fixed = LIVE_PREFIX.len() + 3 + epoch.len() + HASH_HEX_DIGITS;
+        let readable = budget.saturating_sub(fixed);
+        let (org, ledger) = (self.organization(), self.ledger());
+        let org_len = org.len().min(readable.saturating_sub(ledger.len()).max(readable / 2));
+        let ledger_len = ledger.len().min(readable - org_len);
+        let snake = |s: &str| s.replace('-', "_");
+        format!(
+            "{LIVE_PREFIX}{}_{}_{epoch}_{hash}",
+            snake(&org[..org_len]),
+            snake(&ledger[..ledger_len])
+        )
+    }
+}
+
+/// The trash name of a live tenant schema.
+pub(crate) fn trash_name(live: &str) -> String {
+    format!("{TRASH_PREFIX}{live}")
+}
+
+/// FNV-1a, 64-bit: stable across Rust versions and platforms, unlike `DefaultHasher`, which
+/// matters because schema names are stored and must be derived identically forever.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key)
+    }
+}
+
+impl fmt::Debug for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TenantId({})", self.key)
+    }
+}
+
+impl std::str::FromStr for TenantId {
+    type Err = InvalidTenantId;
+    fn from_str(key: &str) -> Result<Self, Self::Err> {
+        TenantId::parse(key)
+    }
+}
+
+impl TryFrom<String> for TenantId {
+    type Error = InvalidTenantId;
+    fn try_from(key: String) -> Result<Self, Self::Error> {
+        TenantId::parse(&key)
+    }
+}
+
+impl From<TenantId> for String {
+    fn from(id: TenantId) -> String {
+        id.key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_fit_with_the_trash_prefix() {
+        let long = "a".repeat(MAX_ID_PART_LEN);
+        let id = TenantId::new(&long, &long).expect("valid id");
+        for epoch in [0, 1, 99, i64::MAX] {
+            let name = trash_name(&id.schema_name(epoch));
+            assert!(name.len() <= MAX_IDENTIFIER_LEN, "{name} is {} bytes", name.len());
+        }
+    }
+
+    #[test]
+    fn shortened_names_stay_distinct() {
+        let a = TenantId::new(&"a".repeat(30), &"b".repeat(30)).expect("valid id");
+        let b = TenantId::new(&"a".repeat(30), &format!("{}c", "b".repeat(29))).expect("valid id");
+        assert_ne!(a.schema_name(1), b.schema_name(1));
+        assert_ne!(a.schema_name(1), a.schema_name(2));
+    }
+}

@@ -1,0 +1,33 @@
+//! pgtenant lets many replicas of a backend share many tenants through one PostgreSQL
+//! database.
+//!
+//! Each tenant is served by exactly one replica at a time (it holds the tenant's lease), each
+//! tenant's data is its own PostgreSQL schema, and every write is fenced by the lease's epoch
+//! inside PostgreSQL, so a replica that lost its lease can never commit again.
+//!
+//! This release lays the foundation: the control plane ([`setup`]), tenant ids
+//! ([`TenantId`]) and the [`Error`] type.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let (mut client, connection) =
+//!     tokio_postgres::connect("postgres://postgres@127.0.0.1/app", tokio_postgres::NoTls).await?;
+//! tokio::spawn(connection);
+//! pgtenant::setup(&mut client).await?;
+//! let id = pgtenant::TenantId::new("acme", "invoices")?;
+//! println!("{id} lives in schema {}", id.schema_name(1));
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
+
+mod control_plane;
+mod error;
+mod id;
+mod migrate;
+
+pub use control_plane::{
+    control_plane_version, setup, supported_version, SetupReport, CONTROL_SCHEMA,
+};
+pub use error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
+pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};

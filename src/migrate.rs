@@ -1,0 +1,55 @@
+//! Runs refinery migrations inside a transaction the caller holds.
+//!
+//! refinery's own tokio-postgres driver opens and commits a transaction per step and takes no
+//! lock, so two runners on one schema collide. Driving it through an open transaction instead
+//! lets pgtenant take its advisory lock (or a tenant's lease fence) first and makes the whole
+//! run atomic: a failing migration leaves nothing behind.
+
+use refinery::Migration;
+use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+use tokio_postgres::Transaction;
+
+/// A refinery connection whose every statement runs in one outer transaction.
+pub(crate) struct InTransaction<'t, 'c>(pub(crate) &'t Transaction<'c>);
+
+impl AsyncTransaction for InTransaction<'_, '_> {
+    type Error = tokio_postgres::Error;
+
+    async fn execute<'a, T: Iterator<Item = &'a str> + Send + 'a>(
+        &'a mut self,
+        queries: T,
+    ) -> Result<usize, Self::Error> {
+        let mut count = 0;
+        for query in queries {
+            self.0.batch_execute(query).await?;
+            count += 1;
+        }
+        Ok(count)
+    }
+}
+
+impl AsyncQuery<Vec<Migration>> for InTransaction<'_, '_> {
+    async fn query<'a>(&'a mut self, query: &'a str) -> Result<Vec<Migration>, Self::Error> {
+        let rows = self.0.query(query, &[]).await?;
+        let mut applied = Vec::with_capacity(rows.len());
+        for row in rows {
+            let applied_on: String = row.try_get(2)?;
+            let checksum: String = row.try_get(3)?;
+            // refinery writes both columns itself; a row it could not have written is reported
+            // by refinery as a divergent migration rather than crashing here.
+            let applied_on =
+                OffsetDateTime::parse(&applied_on, &Rfc3339).unwrap_or(OffsetDateTime::UNIX_EPOCH);
+            applied.push(Migration::applied(
+                row.try_get(0)?,
+                row.try_get(1)?,
+                applied_on,
+                checksum.parse().unwrap_or(0),
+            ));
+        }
+        Ok(applied)
+    }
+}
+
+impl AsyncMigrate for InTransaction<'_, '_> {}
