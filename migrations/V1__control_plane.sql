@@ -145,3 +145,194 @@ SELECT t.key AS tenant,
 FROM pgtenant.tenants t
 LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner
 ORDER BY t.key;
+
+-- ---------------------------------------------------------------------------------------
+-- Leases. SQLSTATEs: PTL01 held by another live replica (DETAIL is JSON), PTL02 the caller's
+-- incarnation is not current, PTN01 no such tenant, PTQ01 quarantined, PTF01 stale epoch or
+-- released lease, PTF02 forgotten, PTS01 the lease session is not a stable session.
+-- ---------------------------------------------------------------------------------------
+
+-- The replica's lock key, creating its row on first use.
+CREATE FUNCTION pgtenant.replica_lock_key(p_replica text) RETURNS integer
+LANGUAGE sql AS $$
+    INSERT INTO pgtenant.replicas (replica_id) VALUES (p_replica)
+    ON CONFLICT (replica_id) DO UPDATE SET replica_id = EXCLUDED.replica_id
+    RETURNING lock_key
+$$;
+
+-- Registers a new incarnation. Called on the lease session right after it took the replica's
+-- liveness lock; refuses when this backend does not hold that lock (a transaction-mode pooler
+-- moved the session's statements to another backend, so a session lock means nothing).
+CREATE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text)
+RETURNS TABLE (incarnation bigint, expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key integer;
+BEGIN
+    SELECT r.lock_key INTO STRICT v_key FROM pgtenant.replicas r WHERE r.replica_id = p_replica FOR UPDATE;
+    IF NOT EXISTS (SELECT 1 FROM pg_locks l
+                   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                     AND l.classid = pgtenant.lock_namespace()::oid AND l.objid = v_key::oid
+                     AND l.pid = pg_backend_pid()) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTS01',
+            MESSAGE = format('the lease session of replica %s does not hold its liveness lock', p_replica),
+            HINT = 'connect the lease session directly or through a session-mode pooler, never transaction pooling';
+    END IF;
+    RETURN QUERY
+    UPDATE pgtenant.replicas r
+       SET incarnation = r.incarnation + 1,
+           backend_pid = pg_backend_pid(),
+           backend_start = (SELECT a.backend_start FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()),
+           expires_at = now() + p_ttl_ms * interval '1 millisecond',
+           started_at = now(),
+           released_at = NULL,
+           host = p_host
+     WHERE r.replica_id = p_replica
+    RETURNING r.incarnation, r.expires_at;
+    INSERT INTO pgtenant.history (event, replica_id, incarnation, detail)
+    SELECT 'registered', p_replica, r.incarnation, p_host FROM pgtenant.replicas r WHERE r.replica_id = p_replica;
+END $$;
+
+-- Acquires a tenant's lease for (p_replica, p_incarnation), bumping its epoch. The FOR UPDATE
+-- row lock waits for the previous owner's in-flight fenced transactions (they hold the row
+-- FOR KEY SHARE): that wait is the serialization point between two owners.
+CREATE FUNCTION pgtenant.acquire(p_key text, p_organization text, p_ledger text,
+                                 p_replica text, p_incarnation bigint, p_create boolean)
+RETURNS TABLE (epoch bigint, schema_name text, forgotten_at_epoch bigint,
+               schema_version integer, previous_owner text, took_over text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgtenant.tenants%ROWTYPE;
+    me pgtenant.replicas%ROWTYPE;
+    o record;
+    v_took_over text;
+BEGIN
+    SELECT * INTO me FROM pgtenant.replicas r WHERE r.replica_id = p_replica;
+    IF NOT FOUND OR me.incarnation <> p_incarnation OR me.released_at IS NOT NULL OR me.expires_at <= now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTL02',
+            MESSAGE = format('replica %s incarnation %s is not registered and alive', p_replica, p_incarnation);
+    END IF;
+    SELECT * INTO t FROM pgtenant.tenants WHERE key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        IF NOT p_create THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTN01', MESSAGE = format('tenant %s does not exist', p_key);
+        END IF;
+        INSERT INTO pgtenant.tenants (key, organization, ledger)
+        VALUES (p_key, p_organization, p_ledger) ON CONFLICT (key) DO NOTHING;
+        SELECT * INTO t FROM pgtenant.tenants WHERE key = p_key FOR UPDATE;
+    END IF;
+    IF t.schema_name IS NULL AND NOT p_create THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTN01',
+            MESSAGE = format('tenant %s has no live schema (forgotten at epoch %s)', p_key, t.forgotten_at_epoch);
+    END IF;
+    IF t.quarantine_cause IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTQ01',
+            MESSAGE = format('tenant %s is quarantined: %s', p_key, t.quarantine_cause),
+            DETAIL = json_build_object('cause', t.quarantine_cause, 'repair', t.quarantine_repair)::text;
+    END IF;
+    IF t.owner IS NOT NULL AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
+        SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
+        IF o.incarnation = t.owner_incarnation AND o.alive THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTL01',
+                MESSAGE = format('tenant %s is held by replica %s at epoch %s', p_key, t.owner, t.epoch),
+                DETAIL = json_build_object('owner', t.owner, 'epoch', t.epoch, 'owner_alive', true,
+                    'expires_in_ms', greatest(0, (extract(epoch FROM o.expires_at - now()) * 1000)::bigint),
+                    'reserved', false)::text;
+        END IF;
+        v_took_over := CASE WHEN o.incarnation = t.owner_incarnation AND o.lock_held THEN 'stalled' ELSE 'dead' END;
+    END IF;
+    IF t.owner IS NULL AND t.reserved_for IS DISTINCT FROM p_replica AND t.reserved_until > now() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTL01',
+            MESSAGE = format('tenant %s is reserved for replica %s', p_key, t.reserved_for),
+            DETAIL = json_build_object('owner', t.reserved_for, 'epoch', t.epoch, 'owner_alive', true,
+                'expires_in_ms', greatest(0, (extract(epoch FROM t.reserved_until - now()) * 1000)::bigint),
+                'reserved', true)::text;
+    END IF;
+    UPDATE pgtenant.tenants
+       SET epoch = t.epoch + 1, owner = p_replica, owner_incarnation = p_incarnation,
+           acquired_at = now(), reserved_for = NULL, reserved_until = NULL
+     WHERE key = p_key;
+    IF v_took_over IS NOT NULL THEN
+        INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+        VALUES (p_key, 'broken', t.epoch, t.owner, t.owner_incarnation,
+                format('taken over by %s: owner %s', p_replica, v_took_over));
+    END IF;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, 'acquired', t.epoch + 1, p_replica, p_incarnation,
+            CASE WHEN v_took_over IS NOT NULL THEN format('from %s (%s)', t.owner, v_took_over) END);
+    RETURN QUERY SELECT t.epoch + 1, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner, v_took_over;
+END $$;
+
+-- Ends a lease: clears the owner (optionally reserving the tenant for one replica for a short
+-- window) and wakes replicas waiting for the tenant. False when the lease was no longer held.
+CREATE FUNCTION pgtenant.release(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint,
+                                 p_event text, p_reserve_for text, p_reserve_ms integer)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgtenant.tenants
+       SET owner = NULL, owner_incarnation = NULL,
+           reserved_for = p_reserve_for,
+           reserved_until = CASE WHEN p_reserve_for IS NOT NULL
+                                 THEN now() + p_reserve_ms * interval '1 millisecond' END
+     WHERE key = p_key AND epoch = p_epoch AND owner = p_replica AND owner_incarnation = p_incarnation;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, p_event, p_epoch, p_replica, p_incarnation,
+            CASE WHEN p_reserve_for IS NOT NULL THEN 'reserved for ' || p_reserve_for END);
+    PERFORM pg_notify('pgtenant_free', p_key);
+    RETURN true;
+END $$;
+
+-- The fence: first statement of every fenced transaction. Locks the tenant row FOR KEY SHARE
+-- until commit (an acquirer's FOR UPDATE waits for it), refuses a stale, released or
+-- forgotten epoch, and returns the live schema for search_path.
+CREATE FUNCTION pgtenant.fence(p_key text, p_epoch bigint) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+    v_owner text;
+    v_schema text;
+    v_forgotten bigint;
+BEGIN
+    SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch
+      INTO v_epoch, v_owner, v_schema, v_forgotten
+      FROM pgtenant.tenants t WHERE t.key = p_key FOR KEY SHARE;
+    IF NOT FOUND OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF02',
+            MESSAGE = format('pgtenant: tenant %s was forgotten; epoch %s can never commit again', p_key, p_epoch);
+    END IF;
+    IF v_epoch <> p_epoch OR v_owner IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF01',
+            MESSAGE = format('pgtenant fenced: tenant %s is at epoch %s (%s); this handle holds epoch %s',
+                             p_key, v_epoch, coalesce('owner ' || v_owner, 'released'), p_epoch),
+            HINT = 'the lease was lost; open the tenant again';
+    END IF;
+    RETURN v_schema;
+END $$;
+
+-- The read-only variant: the same checks without the row lock.
+CREATE FUNCTION pgtenant.fence_read(p_key text, p_epoch bigint) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_epoch bigint;
+    v_owner text;
+    v_schema text;
+    v_forgotten bigint;
+BEGIN
+    SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch
+      INTO v_epoch, v_owner, v_schema, v_forgotten
+      FROM pgtenant.tenants t WHERE t.key = p_key;
+    IF NOT FOUND OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF02',
+            MESSAGE = format('pgtenant: tenant %s was forgotten', p_key);
+    END IF;
+    IF v_epoch <> p_epoch OR v_owner IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF01',
+            MESSAGE = format('pgtenant fenced: tenant %s is at epoch %s; this handle holds epoch %s', p_key, v_epoch, p_epoch),
+            HINT = 'the lease was lost; open the tenant again';
+    END IF;
+    RETURN v_schema;
+END $$;

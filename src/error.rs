@@ -75,6 +75,123 @@ pub enum Error {
     /// Applying control-plane migrations failed; the transaction was rolled back.
     #[error("control-plane migration failed: {0}")]
     Migration(#[source] refinery::Error),
+
+    /// Another live process already runs a replica with this id.
+    #[error(
+        "replica id {replica_id:?} is in use by a live process (backend pid {holder_pid}{}{}): \
+         stop that process or give this one another replica id",
+        since.as_ref().map(|s| format!(", since {s}")).unwrap_or_default(),
+        host.as_ref().map(|h| format!(", host {h}")).unwrap_or_default()
+    )]
+    ReplicaIdInUse {
+        /// The replica id.
+        replica_id: String,
+        /// The backend pid of the session holding the replica's liveness lock.
+        holder_pid: i32,
+        /// When that session started (database clock).
+        since: Option<String>,
+        /// The host the holder registered from.
+        host: Option<String>,
+    },
+
+    /// The lease session does not behave as one session: a transaction-mode pooler is in front.
+    #[error("the lease session is not a stable session: {0}")]
+    NotASession(String),
+
+    /// Another replica holds the tenant's lease (or it is reserved for one).
+    #[error(
+        "tenant {tenant} is {} replica {owner} at epoch {epoch}{}: ask the owner to hand it over, or wait",
+        if *reserved { "reserved for" } else { "held by" },
+        expires_in.map(|d| format!(" (lease expires in {} ms unless renewed)", d.as_millis())).unwrap_or_default()
+    )]
+    LeaseHeld {
+        /// The tenant.
+        tenant: String,
+        /// The replica holding (or reserved) the tenant.
+        owner: String,
+        /// The tenant's current epoch.
+        epoch: i64,
+        /// Whether the owner was alive when asked.
+        owner_alive: bool,
+        /// Time left on the owner's heartbeat (database clock).
+        expires_in: Option<std::time::Duration>,
+        /// True when the tenant is free but reserved for `owner` by a directed handoff.
+        reserved: bool,
+    },
+
+    /// The tenant does not exist (or has no live schema) and was not asked to be created.
+    #[error("tenant {tenant} does not exist: {message}; create it with Router::open_or_create")]
+    TenantNotFound {
+        /// The tenant.
+        tenant: String,
+        /// The database's words.
+        message: String,
+    },
+
+    /// The tenant is quarantined: opening it failed for a reason inside the tenant.
+    #[error("tenant {tenant} is quarantined: {cause}; repair: {repair}")]
+    Quarantined {
+        /// The tenant.
+        tenant: String,
+        /// What failed.
+        cause: String,
+        /// What to do about it.
+        repair: String,
+    },
+
+    /// PostgreSQL refused a transaction because this handle's epoch is no longer current: the
+    /// lease was taken over or released. Nothing of the transaction was committed.
+    #[error("fenced: {message}")]
+    Fenced {
+        /// The tenant.
+        tenant: String,
+        /// The handle's epoch.
+        epoch: i64,
+        /// The database's words, naming the current epoch.
+        message: String,
+    },
+
+    /// The tenant was forgotten; no handle of an epoch up to the forgotten one can commit.
+    #[error("tenant {tenant} was forgotten: epoch {epoch} can never commit again")]
+    Forgotten {
+        /// The tenant.
+        tenant: String,
+        /// The handle's epoch.
+        epoch: i64,
+    },
+
+    /// This handle's lease is over for good (lost, released, or the replica re-registered):
+    /// open the tenant again for a new handle.
+    #[error("lease on tenant {tenant} at epoch {epoch} is {reason}: open the tenant again")]
+    LeaseLost {
+        /// The tenant.
+        tenant: String,
+        /// The handle's epoch.
+        epoch: i64,
+        /// Why: "lost", "released", "abandoned", ….
+        reason: &'static str,
+    },
+
+    /// The replica's heartbeat has not succeeded within ttl − margin: the handle refuses work
+    /// until a heartbeat succeeds again. Retryable.
+    #[error("lease on tenant {tenant} at epoch {epoch} expired locally: heartbeats are failing; retry shortly")]
+    ExpiredLocally {
+        /// The tenant.
+        tenant: String,
+        /// The handle's epoch.
+        epoch: i64,
+    },
+
+    /// The replica is not registered right now (its lease session is down and reconnecting).
+    #[error("replica {replica_id} is not registered right now: the database is unreachable or the lease session dropped; retry shortly")]
+    ReplicaDown {
+        /// The replica id.
+        replica_id: String,
+    },
+
+    /// The router was closed.
+    #[error("the router is closed")]
+    RouterClosed,
 }
 
 impl Error {
@@ -84,7 +201,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Database { source, .. } => is_unavailable(source),
-            Error::Pool { .. } => true,
+            Error::Pool { .. } | Error::ExpiredLocally { .. } | Error::ReplicaDown { .. } => true,
             _ => false,
         }
     }
@@ -100,6 +217,16 @@ impl Error {
     pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
         let context = context.into();
         move |source| Error::Database { context, source }
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    /// Lets `?` carry a driver error out of work run through a tenant handle.
+    fn from(source: tokio_postgres::Error) -> Self {
+        Error::Database {
+            context: "tenant work".to_owned(),
+            source,
+        }
     }
 }
 

@@ -226,11 +226,6 @@ impl TenantId {
     }
 }
 
-/// The trash name of a live tenant schema.
-pub(crate) fn trash_name(live: &str) -> String {
-    format!("{TRASH_PREFIX}{live}")
-}
-
 /// FNV-1a, 64-bit: stable across Rust versions and platforms, unlike `DefaultHasher`, which
 /// matters because schema names are stored and must be derived identically forever.
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -280,7 +275,7 @@ mod tests {
         let long = "a".repeat(MAX_ID_PART_LEN);
         let id = TenantId::new(&long, &long).expect("valid id");
         for epoch in [0, 1, 99, i64::MAX] {
-            let name = trash_name(&id.schema_name(epoch));
+            let name = format!("{TRASH_PREFIX}{}", id.schema_name(epoch));
             assert!(name.len() <= MAX_IDENTIFIER_LEN, "{name} is {} bytes", name.len());
         }
     }

@@ -23,11 +23,24 @@
 
 mod control_plane;
 mod error;
+mod event;
+mod handle;
 mod id;
+mod liveness;
 mod migrate;
+mod options;
+mod router;
 
 pub use control_plane::{
     control_plane_version, setup, supported_version, SetupReport, CONTROL_SCHEMA,
 };
 pub use error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
+pub use event::Event;
+pub use handle::{BoxFuture, TenantHandle};
+pub use options::{RouterOptions, MAX_TTL, MIN_TTL};
+pub use router::Router;
+/// Re-exported so applications use the same driver types pgtenant hands out.
+pub use tokio_postgres;
+/// Re-exported for [`RouterOptions::pool`].
+pub use deadpool_postgres;
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};

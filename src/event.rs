@@ -1,0 +1,71 @@
+//! Typed events a router publishes to its subscribers.
+
+use serde::Serialize;
+
+/// Something that happened to a replica or one of its leases.
+///
+/// Delivered through [`Router::subscribe`](crate::Router::subscribe) on a bounded broadcast
+/// channel: a subscriber that falls behind misses events (it sees a lag count), it never slows
+/// the router.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Event {
+    /// The replica registered a new incarnation (at start and after its lease session dropped).
+    Registered {
+        /// The replica id.
+        replica: String,
+        /// The new incarnation.
+        incarnation: i64,
+    },
+    /// A tenant's lease was acquired.
+    Acquired {
+        /// The tenant key.
+        tenant: String,
+        /// The new epoch.
+        epoch: i64,
+        /// The previous owner, when it was dead or stalled and its lease was broken.
+        took_over_from: Option<String>,
+    },
+    /// A tenant's schema was created (a new life).
+    Created {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch the life began at.
+        epoch: i64,
+        /// The schema.
+        schema: String,
+    },
+    /// A heartbeat succeeded.
+    Renewed {
+        /// The incarnation renewed.
+        incarnation: i64,
+    },
+    /// A heartbeat failed; leases stay valid until the local deadline.
+    RenewFailed {
+        /// Why.
+        reason: String,
+    },
+    /// A heartbeat succeeded after the local deadline had passed: handles serve again.
+    Resumed {
+        /// The incarnation.
+        incarnation: i64,
+    },
+    /// A lease ended for good without a release: taken over, fenced, or the replica lost its
+    /// incarnation.
+    Lost {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch lost.
+        epoch: i64,
+        /// Why.
+        reason: String,
+    },
+    /// A lease was released.
+    Released {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch released.
+        epoch: i64,
+    },
+}

@@ -1,0 +1,356 @@
+//! Tenant handles: the only way to a tenant's ledger, bound to one tenant and one epoch.
+
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+
+use tokio::sync::Notify;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Transaction;
+
+use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
+use crate::event::Event;
+use crate::id::TenantId;
+use crate::liveness::millis;
+use crate::router::{pool_error, release_lease, Shared};
+
+/// A boxed, sendable future borrowing a transaction: what work passed to
+/// [`TenantHandle::run`] returns (`|tx| Box::pin(async move { … })`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+const SERVING: u8 = 0;
+const RELEASED: u8 = 1;
+const LOST: u8 = 2;
+
+/// The first statement of every fenced transaction: the fence (row lock + epoch check) pins
+/// search_path for this transaction only, and an idle-in-transaction timeout bounds how long a
+/// paused owner can hold the tenant row against a successor.
+const FENCE_SQL: &str = "SELECT set_config('search_path', pgtenant.fence($1, $2), true),
+        set_config('idle_in_transaction_session_timeout', $3, true)";
+const FENCE_READ_SQL: &str = "SELECT set_config('search_path', pgtenant.fence_read($1, $2), true),
+        set_config('idle_in_transaction_session_timeout', $3, true)";
+
+pub(crate) struct HandleInner {
+    pub(crate) id: TenantId,
+    pub(crate) epoch: i64,
+    pub(crate) incarnation: i64,
+    schema: String,
+    state: AtomicU8,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    router: Arc<Shared>,
+    idle_timeout_ms: String,
+}
+
+impl HandleInner {
+    pub(crate) fn new(id: TenantId, epoch: i64, incarnation: i64, schema: String, router: Arc<Shared>) -> Self {
+        let idle_timeout_ms = millis(router.options.ttl).to_string();
+        HandleInner {
+            id,
+            epoch,
+            incarnation,
+            schema,
+            state: AtomicU8::new(SERVING),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            router,
+            idle_timeout_ms,
+        }
+    }
+
+    pub(crate) fn is_serving(&self) -> bool {
+        self.state.load(Ordering::Acquire) == SERVING
+            && self.router.liveness.incarnation() == self.incarnation
+    }
+
+    /// Ends the tenure for good, once; reports it.
+    pub(crate) fn mark_lost(self: &Arc<Self>, router: &Shared, reason: &str) {
+        if self
+            .state
+            .compare_exchange(SERVING, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::warn!(tenant = %self.id, epoch = self.epoch, reason, "lease lost");
+            router.detach(self);
+            router.emit(Event::Lost {
+                tenant: self.id.key().to_owned(),
+                epoch: self.epoch,
+                reason: reason.to_owned(),
+            });
+        }
+    }
+
+    fn lease_lost(&self, reason: &'static str) -> Error {
+        Error::LeaseLost {
+            tenant: self.id.key().to_owned(),
+            epoch: self.epoch,
+            reason,
+        }
+    }
+
+    /// Whether new work may start: the tenure is on, the incarnation current, and the local
+    /// deadline not passed.
+    fn admit(self: &Arc<Self>) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            RELEASED => return Err(self.lease_lost("released")),
+            LOST => return Err(self.lease_lost("lost")),
+            _ => {}
+        }
+        if self.router.liveness.incarnation() != self.incarnation {
+            self.mark_lost(&self.router, "the replica lost its incarnation");
+            return Err(self.lease_lost("lost"));
+        }
+        if !self.router.liveness.within_deadline() {
+            return Err(Error::ExpiredLocally {
+                tenant: self.id.key().to_owned(),
+                epoch: self.epoch,
+            });
+        }
+        Ok(())
+    }
+
+    fn fence_error(self: &Arc<Self>, error: tokio_postgres::Error) -> Error {
+        match error.code().map(|c| c.code()) {
+            Some(SQLSTATE_FENCED) => {
+                self.mark_lost(&self.router, "fenced");
+                Error::Fenced {
+                    tenant: self.id.key().to_owned(),
+                    epoch: self.epoch,
+                    message: error
+                        .as_db_error()
+                        .map(|db| db.message().to_owned())
+                        .unwrap_or_default(),
+                }
+            }
+            Some(SQLSTATE_FORGOTTEN) => {
+                self.mark_lost(&self.router, "forgotten");
+                Error::Forgotten {
+                    tenant: self.id.key().to_owned(),
+                    epoch: self.epoch,
+                }
+            }
+            _ => Error::db(format!("fence tenant {} at epoch {}", self.id, self.epoch))(error),
+        }
+    }
+}
+
+/// Counts one unit of in-flight work; the count drops even when the work is cancelled.
+struct InFlight<'a>(&'a HandleInner);
+
+impl<'a> InFlight<'a> {
+    fn enter(handle: &'a HandleInner) -> Self {
+        handle.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(handle)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// A tenant's lease as this replica holds it: bound to one tenant and one epoch. Cheap to
+/// clone; every clone is the same tenure.
+///
+/// Work runs in fenced transactions: PostgreSQL itself refuses to commit once the epoch is no
+/// longer the tenant's, whatever clocks, pauses or networks do.
+#[derive(Clone)]
+pub struct TenantHandle {
+    inner: Arc<HandleInner>,
+}
+
+impl std::fmt::Debug for TenantHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantHandle")
+            .field("tenant", &self.inner.id.key())
+            .field("epoch", &self.inner.epoch)
+            .field("schema", &self.inner.schema)
+            .finish()
+    }
+}
+
+impl TenantHandle {
+    pub(crate) fn from_inner(inner: Arc<HandleInner>) -> Self {
+        TenantHandle { inner }
+    }
+
+    /// The tenant.
+    pub fn id(&self) -> &TenantId {
+        &self.inner.id
+    }
+
+    /// The epoch this handle's lease was acquired at: its fencing token.
+    pub fn epoch(&self) -> i64 {
+        self.inner.epoch
+    }
+
+    /// The tenant's live schema.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// Whether the handle still serves (not released, not lost). A true answer can be stale a
+    /// moment later; the fence is what decides.
+    pub fn is_serving(&self) -> bool {
+        self.inner.is_serving()
+    }
+
+    /// Units of work running now.
+    pub fn in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Runs `work` in a fenced read-write transaction on the tenant's schema and commits it.
+    ///
+    /// The fence statement is sent ahead of the work's first statement on the same connection
+    /// (pipelined), so it costs no extra round trip. `search_path` is pinned for this
+    /// transaction only. If the work fails, is cancelled (the future dropped) or panics, the
+    /// transaction rolls back and the pooled connection keeps no state. `Ok` means committed.
+    ///
+    /// # Errors
+    /// The work's own error; or, converted into `E`: [`Error::Fenced`] / [`Error::Forgotten`]
+    /// when PostgreSQL refused the epoch (nothing committed, the handle is over),
+    /// [`Error::ExpiredLocally`] (retryable), [`Error::LeaseLost`], database errors.
+    pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>>,
+    {
+        self.fenced(false, work).await
+    }
+
+    /// Like [`TenantHandle::run`] in a `READ ONLY` transaction whose fence skips the row lock.
+    pub async fn read<T, E, F>(&self, work: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>>,
+    {
+        self.fenced(true, work).await
+    }
+
+    async fn fenced<T, E, F>(&self, read_only: bool, work: F) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>>,
+    {
+        let inner = &self.inner;
+        inner.admit()?;
+        let _in_flight = InFlight::enter(inner);
+        let mut client = inner
+            .router
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("get a connection for tenant work"))?;
+        let client: &mut tokio_postgres::Client = &mut client;
+        let tx = client
+            .build_transaction()
+            .read_only(read_only)
+            .start()
+            .await
+            .map_err(Error::db("begin tenant transaction"))?;
+        let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
+        let key = inner.id.key();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&key, Type::TEXT),
+            (&inner.epoch, Type::INT8),
+            (&inner.idle_timeout_ms, Type::TEXT),
+        ];
+        let (outcome, fenced) = {
+            let mut fence = pin!(tx.query_typed(sql, &params));
+            // One poll puts the fence on the wire ahead of the work's statements: they travel
+            // in the same flight and PostgreSQL runs them in order.
+            let early = poll_fn(|cx| Poll::Ready(fence.as_mut().poll(cx))).await;
+            let outcome = work(&tx).await;
+            let fenced = match early {
+                Poll::Ready(result) => result,
+                Poll::Pending => fence.await,
+            };
+            (outcome, fenced)
+        };
+        if let Err(error) = fenced {
+            // The work saw an aborted transaction; the fence's refusal is the real story.
+            return Err(inner.fence_error(error).into());
+        }
+        let value = outcome?;
+        tx.commit()
+            .await
+            .map_err(Error::db(format!("commit tenant {} work", inner.id)))?;
+        Ok(value)
+    }
+
+    /// Waits until no work is in flight.
+    pub(crate) async fn wait_idle(&self) {
+        loop {
+            let idle = self.inner.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Stops taking new work, waits for the work in flight, then releases the lease. The next
+    /// owner sees everything this handle committed.
+    pub async fn release(&self) -> Result<()> {
+        if !self.stop_serving() {
+            return Ok(());
+        }
+        self.wait_idle().await;
+        self.give_back("released").await
+    }
+
+    /// Stops serving at once and releases the lease without waiting for work in flight; that
+    /// work either commits before the next owner's acquisition (which waits for it) or fails.
+    pub async fn abandon(&self) -> Result<()> {
+        if !self.stop_serving() {
+            return Ok(());
+        }
+        self.give_back("released").await
+    }
+
+    fn stop_serving(&self) -> bool {
+        self.inner
+            .state
+            .compare_exchange(SERVING, RELEASED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    async fn give_back(&self, event: &str) -> Result<()> {
+        let inner = &self.inner;
+        let router = &inner.router;
+        router.detach(inner);
+        let client = router
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("release a lease"))?;
+        let released = release_lease(
+            &client,
+            &inner.id,
+            inner.epoch,
+            &router.options.replica_id,
+            inner.incarnation,
+            event,
+        )
+        .await?;
+        if released {
+            router.emit(Event::Released {
+                tenant: inner.id.key().to_owned(),
+                epoch: inner.epoch,
+            });
+        } else {
+            router.emit(Event::Lost {
+                tenant: inner.id.key().to_owned(),
+                epoch: inner.epoch,
+                reason: "already taken over when released".to_owned(),
+            });
+        }
+        Ok(())
+    }
+}

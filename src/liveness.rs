@@ -1,0 +1,251 @@
+//! The replica's liveness: its lease session, registration and heartbeat.
+//!
+//! One dedicated, never-pooled connection per replica holds one session-level advisory lock
+//! (DESIGN §3: one lock per tenant would exhaust the shared lock table). The database clock
+//! decides expiry; the local monotonic deadline only makes handles stop early.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, NoTls};
+
+use crate::control_plane::LOCK_NAMESPACE;
+use crate::error::{Error, Result};
+use crate::options::RouterOptions;
+
+/// What handles read on every call: atomics only, no lock.
+pub(crate) struct Liveness {
+    base: Instant,
+    /// Current incarnation; 0 while not registered.
+    incarnation: AtomicI64,
+    /// Local deadline of the current incarnation, in nanoseconds since `base`.
+    deadline: AtomicU64,
+    /// Whether the deadline was found passed, so the next renewal reports a resume.
+    lapsed: AtomicBool,
+}
+
+impl Liveness {
+    pub(crate) fn new() -> Self {
+        Liveness {
+            base: Instant::now(),
+            incarnation: AtomicI64::new(0),
+            deadline: AtomicU64::new(0),
+            lapsed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn incarnation(&self) -> i64 {
+        self.incarnation.load(Ordering::Acquire)
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// True while the local deadline has not passed.
+    pub(crate) fn within_deadline(&self) -> bool {
+        let fresh = self.nanos(Instant::now()) < self.deadline.load(Ordering::Acquire);
+        if !fresh {
+            self.lapsed.store(true, Ordering::Release);
+        }
+        fresh
+    }
+
+    pub(crate) fn begin(&self, incarnation: i64, deadline: Instant) {
+        self.deadline.store(self.nanos(deadline), Ordering::Release);
+        self.lapsed.store(false, Ordering::Release);
+        self.incarnation.store(incarnation, Ordering::Release);
+    }
+
+    /// Records a successful heartbeat; true when it resumes service after a lapse.
+    pub(crate) fn renewed(&self, deadline: Instant) -> bool {
+        let was_lapsed = self.lapsed.swap(false, Ordering::AcqRel)
+            || self.nanos(Instant::now()) >= self.deadline.load(Ordering::Acquire);
+        self.deadline.store(self.nanos(deadline), Ordering::Release);
+        was_lapsed
+    }
+
+    pub(crate) fn end(&self) {
+        self.incarnation.store(0, Ordering::Release);
+        self.deadline.store(0, Ordering::Release);
+    }
+}
+
+/// A registered lease session.
+pub(crate) struct LeaseSession {
+    pub(crate) client: Client,
+    /// Fires when the connection ends (terminated, network gone, server restart).
+    pub(crate) ended: oneshot::Receiver<()>,
+    pub(crate) incarnation: i64,
+    /// When the registration statement was sent: the local deadline counts from here.
+    pub(crate) registered_at: Instant,
+}
+
+const HEARTBEAT_SQL: &str = "UPDATE pgtenant.replicas
+        SET expires_at = now() + $3::integer * interval '1 millisecond'
+      WHERE replica_id = $1 AND incarnation = $2 AND released_at IS NULL
+        AND expires_at > now() AND backend_pid = pg_backend_pid()
+  RETURNING incarnation";
+
+pub(crate) fn millis(duration: Duration) -> i32 {
+    i32::try_from(duration.as_millis()).unwrap_or(i32::MAX)
+}
+
+impl LeaseSession {
+    /// Connects, takes the replica's liveness lock and registers a new incarnation.
+    pub(crate) async fn open(options: &RouterOptions) -> Result<LeaseSession> {
+        let mut config = options.config.clone();
+        let idle = options.keepalive_idle;
+        config
+            .keepalives(true)
+            .keepalives_idle(idle)
+            .keepalives_interval(Duration::from_secs(2))
+            .keepalives_retries(3)
+            .application_name(&format!("pgtenant lease {}", options.replica_id));
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(5));
+        }
+        let (client, connection) = config
+            .connect(NoTls)
+            .await
+            .map_err(Error::db("open the lease session"))?;
+        let (tx, ended) = oneshot::channel();
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "lease session ended");
+            }
+            let _ = tx.send(());
+        });
+        // Server side keepalives too, so the server drops a vanished client's session (and its
+        // liveness lock) within idle + 2 s × 3, not the kernel's two hours. Session SETs are
+        // fine here: this connection is never pooled.
+        client
+            .batch_execute(&format!(
+                "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
+                 SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0",
+                idle.as_secs().max(1)
+            ))
+            .await
+            .map_err(Error::db("configure the lease session"))?;
+
+        let lock_key: i32 = client
+            .query_one("SELECT pgtenant.replica_lock_key($1)", &[&options.replica_id])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::db("look up the replica's lock key"))?;
+        let locked: bool = client
+            .query_one(
+                "SELECT pg_try_advisory_lock($1, $2)",
+                &[&LOCK_NAMESPACE, &lock_key],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::db("take the replica's liveness lock"))?;
+        if !locked {
+            return Err(in_use(&client, &options.replica_id, lock_key).await);
+        }
+        let registered_at = Instant::now();
+        let host = options
+            .host
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok());
+        let incarnation: i64 = client
+            .query_one(
+                "SELECT incarnation FROM pgtenant.register($1, $2, $3)",
+                &[&options.replica_id, &millis(options.ttl), &host],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| match e.code().map(|c| c.code()) {
+                Some("PTS01") => Error::NotASession(
+                    e.as_db_error()
+                        .map(|db| format!("{} ({})", db.message(), db.hint().unwrap_or_default()))
+                        .unwrap_or_default(),
+                ),
+                _ => Error::db("register the replica")(e),
+            })?;
+        Ok(LeaseSession {
+            client,
+            ended,
+            incarnation,
+            registered_at,
+        })
+    }
+
+
+    /// Marks the incarnation released so no one waits for its expiry, then ends the session
+    /// (which drops the liveness lock).
+    pub(crate) async fn deregister(self, replica_id: &str) {
+        let result = self
+            .client
+            .batch_execute(&format!(
+                "UPDATE pgtenant.replicas SET released_at = now(), expires_at = now()
+                  WHERE replica_id = {id} AND incarnation = {inc};
+                 INSERT INTO pgtenant.history (event, replica_id, incarnation) VALUES ('deregistered', {id}, {inc})",
+                id = quote_literal(replica_id),
+                inc = self.incarnation
+            ))
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(%error, "deregistration failed; the lock goes with the session anyway");
+        }
+    }
+}
+
+/// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.
+pub(crate) async fn heartbeat(
+    client: &Client,
+    incarnation: i64,
+    options: &RouterOptions,
+) -> Result<Option<()>> {
+    let row = client
+        .query_typed_opt(
+            HEARTBEAT_SQL,
+            &[
+                (&options.replica_id, Type::TEXT),
+                (&incarnation, Type::INT8),
+                (&millis(options.ttl), Type::INT4),
+            ],
+        )
+        .await
+        .map_err(Error::db("heartbeat"))?;
+    Ok(row.map(|_| ()))
+}
+
+/// The id is validated to `[A-Za-z0-9._:-]`, so quoting cannot be escaped; doubled quotes
+/// anyway, should that rule ever widen.
+fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
+    let holder = client
+        .query_opt(
+            "SELECT l.pid, a.backend_start::text, r.host
+               FROM pg_locks l
+               LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+               LEFT JOIN pgtenant.replicas r ON r.replica_id = $3
+              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                AND l.classid = $1::integer::oid AND l.objid = $2::integer::oid
+              LIMIT 1",
+            &[&LOCK_NAMESPACE, &lock_key, &replica_id],
+        )
+        .await;
+    match holder {
+        Ok(Some(row)) => Error::ReplicaIdInUse {
+            replica_id: replica_id.to_owned(),
+            holder_pid: row.get(0),
+            since: row.get(1),
+            host: row.get(2),
+        },
+        Ok(None) => Error::ReplicaIdInUse {
+            replica_id: replica_id.to_owned(),
+            holder_pid: 0,
+            since: None,
+            host: None,
+        },
+        Err(e) => Error::db("identify the replica id's holder")(e),
+    }
+}
