@@ -208,7 +208,7 @@ DECLARE
     v_took_over text;
 BEGIN
     SELECT * INTO me FROM pgtenant.replicas r WHERE r.replica_id = p_replica;
-    IF NOT FOUND OR me.incarnation <> p_incarnation OR me.released_at IS NOT NULL OR me.expires_at <= now() THEN
+    IF NOT FOUND OR me.incarnation <> p_incarnation OR me.released_at IS NOT NULL OR me.expires_at <= clock_timestamp() THEN
         RAISE EXCEPTION USING ERRCODE = 'PTL02',
             MESSAGE = format('replica %s incarnation %s is not registered and alive', p_replica, p_incarnation);
     END IF;

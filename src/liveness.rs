@@ -83,10 +83,12 @@ pub(crate) struct LeaseSession {
     pub(crate) registered_at: Instant,
 }
 
+/// clock_timestamp, not now(): a heartbeat that waited on the row past the expiry must see the
+/// expiry, or it would revive an incarnation whose tenants were already taken over.
 const HEARTBEAT_SQL: &str = "UPDATE pgtenant.replicas
-        SET expires_at = now() + $3::integer * interval '1 millisecond'
+        SET expires_at = clock_timestamp() + $3::integer * interval '1 millisecond'
       WHERE replica_id = $1 AND incarnation = $2 AND released_at IS NULL
-        AND expires_at > now() AND backend_pid = pg_backend_pid()
+        AND expires_at > clock_timestamp() AND backend_pid = pg_backend_pid()
   RETURNING incarnation";
 
 pub(crate) fn millis(duration: Duration) -> i32 {
@@ -229,6 +231,7 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
                LEFT JOIN pgtenant.replicas r ON r.replica_id = $3
               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
                 AND l.classid = $1::integer::oid AND l.objid = $2::integer::oid
+                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
               LIMIT 1",
             &[&LOCK_NAMESPACE, &lock_key, &replica_id],
         )

@@ -1,0 +1,261 @@
+//! Shared by the integration tests: fresh databases with a control plane, router options with
+//! short leases, and replica child processes driven over a line protocol.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::Duration;
+
+use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
+use pgtenant_testkit::TestDatabase;
+use tokio::sync::mpsc;
+
+/// Short leases so takeover tests finish quickly; margin and period leave room for jitter.
+pub const TTL: Duration = Duration::from_millis(1500);
+
+pub async fn database() -> (TestDatabase, tokio_postgres::Client) {
+    let db = TestDatabase::create().await.expect("test database");
+    let mut client = db.connect().await.expect("connect");
+    pgtenant::setup(&mut client).await.expect("setup");
+    (db, client)
+}
+
+pub fn options(url: &str, replica: &str) -> RouterOptions {
+    RouterOptions::from_url(replica, url)
+        .expect("url")
+        .ttl(TTL)
+        .margin(Duration::from_millis(400))
+        .heartbeat_period(Duration::from_millis(300))
+        .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
+        .pool_size(8)
+}
+
+pub async fn router(url: &str, replica: &str) -> Router {
+    Router::start(options(url, replica)).await.expect("router starts")
+}
+
+pub fn tenant(name: &str) -> TenantId {
+    TenantId::new("acme", name).expect("valid id")
+}
+
+/// The ledger table every test writes: which epoch committed which sequence number, and the
+/// highest epoch already committed when the row was written (the history checker's witness).
+pub async fn create_log(handle: &TenantHandle) {
+    handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS log (
+                         epoch bigint NOT NULL, seq bigint NOT NULL, writer text NOT NULL,
+                         seen_max_epoch bigint NOT NULL, PRIMARY KEY (writer, seq))",
+                )
+                .await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+        .expect("create log table");
+}
+
+pub async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::Result<()> {
+    let epoch = handle.epoch();
+    let writer = writer.to_owned();
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.execute(
+                    "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
+                     VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))",
+                    &[&epoch, &seq, &writer],
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+}
+
+/// The test binary itself, re-run with one ignored test as entry point: a real, separate
+/// replica process the test can kill, pause and resume.
+pub struct ReplicaProcess {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::UnboundedReceiver<String>,
+    pub replica: String,
+}
+
+const PREFIX: &str = "@@ ";
+
+impl ReplicaProcess {
+    pub fn spawn(entry: &str, url: &str, replica: &str) -> ReplicaProcess {
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([entry, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .env("PGTENANT_CHILD_URL", url)
+            .env("PGTENANT_CHILD_REPLICA", replica)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn replica process");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, lines) = mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(reply) = line.strip_prefix(PREFIX) {
+                    if tx.send(reply.to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        ReplicaProcess {
+            child,
+            stdin,
+            lines,
+            replica: replica.to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next reply, or None when the process went away.
+    pub async fn reply(&mut self) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(60), self.lines.recv())
+            .await
+            .expect("replica process answers within a minute")
+    }
+
+    pub async fn ready(&mut self) {
+        let line = self.reply().await.expect("ready line");
+        assert!(line.starts_with("ready"), "{line}");
+    }
+
+    /// Sends one command and returns its reply.
+    pub async fn request(&mut self, command: &str) -> Option<String> {
+        self.send(command);
+        self.reply().await
+    }
+
+    pub fn send(&mut self, command: &str) {
+        let _ = writeln!(self.stdin, "{command}");
+        let _ = self.stdin.flush();
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal}");
+    }
+
+    pub fn kill(mut self) {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+    }
+
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for ReplicaProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The child's side: a router driven by lines on stdin, answering on stdout with `@@ `.
+///
+/// Commands: `open <ledger>` → `opened <epoch>`; `write <ledger> <seq>` → `ok <seq> <epoch>`;
+/// `hold <ledger> <seq> <millis>` writes, then keeps the transaction open, then commits;
+/// `epoch <ledger>`. Failures answer `error <Variant> <message>`.
+pub fn child_main() {
+    let Ok(url) = std::env::var("PGTENANT_CHILD_URL") else {
+        return; // run as an ordinary (ignored) test: nothing to do
+    };
+    let replica = std::env::var("PGTENANT_CHILD_REPLICA").expect("replica id");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async move {
+        let router = router(&url, &replica).await;
+        say(&format!("ready {}", router.incarnation().unwrap_or(0)));
+        let (tx, mut commands) = mpsc::unbounded_channel::<String>();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut handles: std::collections::HashMap<String, TenantHandle> = Default::default();
+        while let Some(line) = commands.recv().await {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let reply = match words.as_slice() {
+                ["open", ledger] => match router.open_or_create(&tenant(ledger)).await {
+                    Ok(handle) => {
+                        create_log(&handle).await;
+                        let epoch = handle.epoch();
+                        handles.insert(ledger.to_string(), handle);
+                        format!("opened {epoch}")
+                    }
+                    Err(e) => describe(&e),
+                },
+                ["write", ledger, seq] => match handles.get(*ledger) {
+                    Some(handle) => match append(handle, &replica, seq.parse().expect("seq")).await {
+                        Ok(()) => format!("ok {seq} {}", handle.epoch()),
+                        Err(e) => describe(&e),
+                    },
+                    None => "error NotOpen".to_owned(),
+                },
+                ["hold", ledger, seq, millis] => match handles.get(*ledger) {
+                    Some(handle) => {
+                        let (seq, millis): (i64, f64) = (seq.parse().expect("seq"), millis.parse().expect("ms"));
+                        let (epoch, writer) = (handle.epoch(), replica.clone());
+                        let result = handle
+                            .run(move |tx| {
+                                Box::pin(async move {
+                                    tx.execute(
+                                        "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
+                                         VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))",
+                                        &[&epoch, &seq, &writer],
+                                    )
+                                    .await?;
+                                    say("holding");
+                                    tx.execute("SELECT pg_sleep($1 / 1000.0)", &[&millis]).await?;
+                                    Ok::<_, pgtenant::Error>(())
+                                })
+                            })
+                            .await;
+                        match result {
+                            Ok(()) => format!("ok {seq} {epoch}"),
+                            Err(e) => describe(&e),
+                        }
+                    }
+                    None => "error NotOpen".to_owned(),
+                },
+                _ => format!("error BadCommand {line}"),
+            };
+            say(&reply);
+        }
+    });
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{PREFIX}{line}");
+    let _ = out.flush();
+}
+
+fn describe(error: &pgtenant::Error) -> String {
+    let debug = format!("{error:?}");
+    let variant = debug.split([' ', '{', '(']).next().unwrap_or("Unknown").to_owned();
+    format!("error {variant} {error}")
+}
