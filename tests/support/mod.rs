@@ -41,6 +41,10 @@ pub fn tenant(name: &str) -> TenantId {
 /// The ledger table every test writes: which epoch committed which sequence number, and the
 /// highest epoch already committed when the row was written (the history checker's witness).
 pub async fn create_log(handle: &TenantHandle) {
+    try_create_log(handle).await.expect("create log table");
+}
+
+pub async fn try_create_log(handle: &TenantHandle) -> pgtenant::Result<()> {
     handle
         .run(|tx| {
             Box::pin(async move {
@@ -54,7 +58,6 @@ pub async fn create_log(handle: &TenantHandle) {
             })
         })
         .await
-        .expect("create log table");
 }
 
 pub async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::Result<()> {
@@ -102,8 +105,9 @@ impl ReplicaProcess {
         let (tx, lines) = mpsc::unbounded_channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(reply) = line.strip_prefix(PREFIX) {
-                    if tx.send(reply.to_owned()).is_err() {
+                // libtest prints "test replica_child ... " without a newline before the first reply.
+                if let Some(at) = line.find(PREFIX) {
+                    if tx.send(line[at + PREFIX.len()..].to_owned()).is_err() {
                         break;
                     }
                 }
@@ -200,12 +204,14 @@ pub fn child_main() {
             let words: Vec<&str> = line.split_whitespace().collect();
             let reply = match words.as_slice() {
                 ["open", ledger] => match router.open_or_create(&tenant(ledger)).await {
-                    Ok(handle) => {
-                        create_log(&handle).await;
-                        let epoch = handle.epoch();
-                        handles.insert(ledger.to_string(), handle);
-                        format!("opened {epoch}")
-                    }
+                    Ok(handle) => match try_create_log(&handle).await {
+                        Ok(()) => {
+                            let epoch = handle.epoch();
+                            handles.insert(ledger.to_string(), handle);
+                            format!("opened {epoch}")
+                        }
+                        Err(e) => describe(&e),
+                    },
                     Err(e) => describe(&e),
                 },
                 ["write", ledger, seq] => match handles.get(*ledger) {

@@ -1,0 +1,760 @@
+//! Throwaway clusters made with the machine's own `initdb` and `postgres`.
+
+use std::ffi::CString;
+use std::fmt;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Config;
+
+use crate::database::{connect, encode_component, Server, TestDatabase};
+use crate::error::{describe_pg, TestkitError};
+use crate::{sweep, Source};
+
+/// Temporary directories are named `<TEMP_PREFIX><pid>-<n>`; the sweep of
+/// leftovers relies on it.
+pub(crate) const TEMP_PREFIX: &str = "pgtenant-testkit-";
+
+/// The file in a temporary directory naming the process that made it, so a
+/// sweep never removes the directory of a live test process.
+pub(crate) const OWNER_FILE: &str = "owner.pid";
+
+/// How long a starting server may take to accept connections.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a new port is tried when the chosen one was taken meanwhile.
+const PORT_ATTEMPTS: usize = 5;
+
+/// Cleans up a cluster directory when its stdin closes, which happens when
+/// the owning process exits in any way (even SIGKILL): a static cluster is
+/// never dropped, and a killed test never runs `Drop`.
+/// `$1` is the directory. It stops the postmaster named in `postmaster.pid`
+/// (only if that process is a postgres) and removes the directory.
+const WATCHDOG_SCRIPT: &str = r#"
+trap '' HUP INT QUIT TERM PIPE
+cat >/dev/null 2>&1
+dir=$1
+pidfile=$dir/data/postmaster.pid
+if [ -f "$pidfile" ]; then
+  pid=
+  read -r pid < "$pidfile" 2>/dev/null
+  case $pid in ''|*[!0-9]*) pid= ;; esac
+  if [ -n "$pid" ] && [ "$(cat /proc/$pid/comm 2>/dev/null || ps -o comm= -p "$pid" 2>/dev/null)" = postgres ]; then
+    kill -QUIT "$pid" 2>/dev/null
+    i=0
+    while [ -f "$pidfile" ] && [ $i -lt 100 ] && kill -0 "$pid" 2>/dev/null; do
+      sleep 0.1
+      i=$((i+1))
+    done
+  fi
+fi
+rm -rf "$dir"
+"#;
+
+/// Whether a cluster keeps its data safe across crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// Default settings: what a [`LocalCluster`] test of restarts needs.
+    Durable,
+    /// `fsync=off` and friends: the shared cluster only serves throwaway
+    /// databases and is never restarted.
+    Fast,
+}
+
+/// The unprivileged account initdb and postgres run as when we are root
+/// (both refuse to run as root).
+#[derive(Debug, Clone)]
+struct RunAs {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+struct Watchdog {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+/// A running (or stopped) cluster in its own temporary directory.
+pub(crate) struct Cluster {
+    /// The temporary directory: `data/`, the socket, `postgres.log`.
+    dir: PathBuf,
+    data: PathBuf,
+    port: AtomicU16,
+    bindir: PathBuf,
+    run_as: Option<RunAs>,
+    durability: Durability,
+    postmaster: Mutex<Option<Child>>,
+    /// Serializes stop and start, which each take several awaits.
+    ops: tokio::sync::Mutex<()>,
+    watchdog: Mutex<Option<Watchdog>>,
+}
+
+/// Why a start failed; a lost race for the port is retried on another port.
+enum StartError {
+    PortInUse(String),
+    Failed(TestkitError),
+}
+
+impl From<TestkitError> for StartError {
+    fn from(e: TestkitError) -> Self {
+        StartError::Failed(e)
+    }
+}
+
+impl Cluster {
+    /// initdb in a new temporary directory, then start on a free port.
+    pub(crate) async fn start(durability: Durability) -> Result<Cluster, TestkitError> {
+        let bindir = find_bindir().map_err(TestkitError::Cluster)?;
+        let run_as = run_as()?;
+        let dir = make_temp_dir(run_as.as_ref())?;
+        let watchdog = spawn_watchdog(&dir);
+        // From here on, dropping `cluster` (on any error below) stops the
+        // server and removes the directory.
+        let cluster = Cluster {
+            data: dir.join("data"),
+            dir,
+            port: AtomicU16::new(0),
+            bindir,
+            run_as,
+            durability,
+            postmaster: Mutex::new(None),
+            ops: tokio::sync::Mutex::new(()),
+            watchdog: Mutex::new(watchdog),
+        };
+        cluster.initdb().await?;
+        let mut attempt = 1;
+        loop {
+            let port = free_port()?;
+            cluster.port.store(port, Ordering::SeqCst);
+            match cluster.launch().await {
+                Ok(()) => break,
+                Err(StartError::PortInUse(log)) if attempt < PORT_ATTEMPTS => {
+                    tracing::debug!(port, log = %log, "port taken before postgres could bind it; trying another");
+                    attempt += 1;
+                }
+                Err(StartError::PortInUse(log)) => {
+                    return Err(TestkitError::Cluster(format!(
+                        "postgres could not bind a free port in {PORT_ATTEMPTS} attempts; last log:\n{log}"
+                    )))
+                }
+                Err(StartError::Failed(e)) => return Err(e),
+            }
+        }
+        tracing::debug!(dir = %cluster.dir.display(), port = cluster.port(), "started throwaway PostgreSQL cluster");
+        Ok(cluster)
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn url(&self, database: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{}",
+            self.port(),
+            encode_component(database.as_bytes())
+        )
+    }
+
+    pub(crate) fn admin_config(&self) -> Config {
+        let mut config = Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port())
+            .user("postgres")
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(5));
+        config
+    }
+
+    /// The admin side of this cluster, which keeps it alive.
+    pub(crate) fn server(self: Arc<Self>) -> Server {
+        Server {
+            source: Source::Initdb,
+            admin: self.admin_config(),
+            base_url: self.url("postgres"),
+            _cluster: Some(self),
+        }
+    }
+
+    async fn initdb(&self) -> Result<(), TestkitError> {
+        let mut cmd = Command::new(self.bindir.join("initdb"));
+        cmd.arg("-D")
+            .arg(&self.data)
+            // --no-sync: a crash of the machine during a test run loses only
+            // throwaway data; the server itself still fsyncs when durable.
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+            // The C locale exists everywhere; a missing LANG locale would
+            // make initdb fail.
+            .arg("--no-locale")
+            .env_remove("PGDATA")
+            .current_dir(&self.dir)
+            .stdin(Stdio::null());
+        self.drop_privileges(&mut cmd);
+        let program = self.bindir.join("initdb");
+        let output = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| TestkitError::Cluster(format!("initdb task failed: {e}")))?
+            .map_err(|e| TestkitError::io(format!("running {}", program.display()), e))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(TestkitError::Cluster(format!(
+            "{} failed ({}){}:\n{}{}",
+            program.display(),
+            output.status,
+            self.run_as
+                .as_ref()
+                .map(|u| format!(" running as user {}", u.name))
+                .unwrap_or_default(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+
+    fn drop_privileges(&self, cmd: &mut Command) {
+        if let Some(user) = &self.run_as {
+            // std clears the supplementary groups when root sets a uid.
+            cmd.uid(user.uid).gid(user.gid);
+        }
+    }
+
+    /// Starts postgres on `self.port()` and waits until it accepts
+    /// connections. The caller holds `ops`.
+    async fn launch(&self) -> Result<(), StartError> {
+        let log_path = self.dir.join("postgres.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| TestkitError::io(format!("opening {}", log_path.display()), e))?;
+        // Only this start's lines matter in an error message.
+        let log_offset = log.metadata().map_or(0, |m| m.len());
+        let log_err = log
+            .try_clone()
+            .map_err(|e| TestkitError::io("duplicating the log file handle", e))?;
+        let port = self.port();
+        let mut cmd = Command::new(self.bindir.join("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data)
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-k")
+            .arg(&self.dir)
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "max_connections=200"]);
+        if self.durability == Durability::Fast {
+            cmd.args(["-c", "fsync=off"])
+                .args(["-c", "synchronous_commit=off"])
+                .args(["-c", "full_page_writes=off"]);
+        }
+        cmd.env_remove("PGDATA")
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            // Its own process group: a Ctrl-C meant for the test run must not
+            // reach the server before the watchdog does its cleanup.
+            .process_group(0);
+        self.drop_privileges(&mut cmd);
+        let child = cmd.spawn().map_err(|e| {
+            TestkitError::io(
+                format!("starting {}", self.bindir.join("postgres").display()),
+                e,
+            )
+        })?;
+        *lock(&self.postmaster) = Some(child);
+        self.wait_ready(&log_path, log_offset).await
+    }
+
+    /// Polls until the server accepts connections on its Unix socket, which
+    /// lives in our private directory, so no other server can answer there.
+    /// postgres binds TCP before the socket, so TCP is then ready too.
+    async fn wait_ready(&self, log_path: &Path, log_offset: u64) -> Result<(), StartError> {
+        let mut config = Config::new();
+        config
+            .host_path(&self.dir)
+            .port(self.port())
+            .user("postgres")
+            .dbname("postgres")
+            .connect_timeout(Duration::from_secs(2));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut delay = Duration::from_millis(10);
+        loop {
+            if let Some(status) = self.postmaster_exited()? {
+                let log = read_log(log_path, log_offset);
+                if log.contains("could not bind")
+                    || log.contains("could not create any TCP/IP sockets")
+                {
+                    return Err(StartError::PortInUse(log));
+                }
+                return Err(StartError::Failed(TestkitError::Cluster(format!(
+                    "postgres exited while starting ({status}); its log:\n{log}"
+                ))));
+            }
+            let last_error =
+                match tokio::time::timeout(Duration::from_secs(3), connect(&config)).await {
+                    Ok(Ok(_client)) => return Ok(()),
+                    Ok(Err(e)) => describe_pg(&e),
+                    Err(_) => "connect timed out".to_owned(),
+                };
+            if Instant::now() >= deadline {
+                let log = read_log(log_path, log_offset);
+                // Leave no half-started server behind.
+                if let Some(child) = lock(&self.postmaster).take() {
+                    let _ = stop_child(child, libc::SIGQUIT);
+                }
+                return Err(StartError::Failed(TestkitError::Cluster(format!(
+                    "postgres did not accept connections within {}s (last error: {last_error}); its log:\n{log}",
+                    READY_TIMEOUT.as_secs()
+                ))));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    fn postmaster_exited(&self) -> Result<Option<ExitStatus>, TestkitError> {
+        let mut guard = lock(&self.postmaster);
+        let Some(child) = guard.as_mut() else {
+            return Err(TestkitError::Cluster("postgres is not running".to_owned()));
+        };
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                *guard = None;
+                Ok(Some(status))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(TestkitError::io("checking on postgres", e)),
+        }
+    }
+
+    pub(crate) async fn stop(&self) -> Result<(), TestkitError> {
+        let _op = self.ops.lock().await;
+        let Some(child) = lock(&self.postmaster).take() else {
+            return Ok(());
+        };
+        // Fast shutdown (SIGINT): end sessions, write a checkpoint, exit.
+        let status = tokio::task::spawn_blocking(move || stop_child(child, libc::SIGINT))
+            .await
+            .map_err(|e| TestkitError::Cluster(format!("stop task failed: {e}")))?;
+        status
+            .map(|status| tracing::debug!(%status, port = self.port(), "stopped cluster"))
+            .map_err(|e| TestkitError::io("stopping postgres", e))
+    }
+
+    pub(crate) async fn start_again(&self) -> Result<(), TestkitError> {
+        let _op = self.ops.lock().await;
+        let running = {
+            let mut guard = lock(&self.postmaster);
+            match guard.as_mut().map(Child::try_wait) {
+                Some(Ok(None)) => true,
+                Some(_) => {
+                    *guard = None;
+                    false
+                }
+                None => false,
+            }
+        };
+        if running {
+            return Ok(());
+        }
+        match self.launch().await {
+            Ok(()) => Ok(()),
+            Err(StartError::Failed(e)) => Err(e),
+            Err(StartError::PortInUse(log)) => Err(TestkitError::Cluster(format!(
+                "port {} was taken while the cluster was stopped; its log:\n{log}",
+                self.port()
+            ))),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(child) = lock(&self.postmaster).take() {
+            // Immediate shutdown: the data is about to be deleted.
+            if let Err(e) = stop_child(child, libc::SIGQUIT) {
+                tracing::warn!(error = %e, dir = %self.dir.display(), "could not stop postgres");
+            }
+        }
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %self.dir.display(), "could not remove cluster directory")
+            }
+        }
+        if let Some(mut watchdog) = lock(&self.watchdog).take() {
+            // Closing stdin lets it finish; the directory is gone already, so
+            // it exits at once. Reap it so no zombie is left behind.
+            drop(watchdog.stdin.take());
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while matches!(watchdog.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// Sends `signal`, waits for the exit and escalates (SIGQUIT, then SIGKILL)
+/// if postgres takes too long.
+fn stop_child(mut child: Child, signal: libc::c_int) -> std::io::Result<ExitStatus> {
+    let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+        child.kill()?;
+        return child.wait();
+    };
+    for (signal, patience) in [
+        (signal, Duration::from_secs(60)),
+        (libc::SIGQUIT, Duration::from_secs(10)),
+    ] {
+        // SAFETY: kill has no memory-safety preconditions; `pid` is our own
+        // unreaped child, so it cannot have been reused by another process.
+        unsafe { libc::kill(pid, signal) };
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    child.kill()?;
+    child.wait()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded values stay consistent even if a holder panicked.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The last lines of the server log from `offset` on.
+fn read_log(path: &Path, offset: u64) -> String {
+    let mut text = String::new();
+    let read = fs::File::open(path).and_then(|mut f| {
+        f.seek(SeekFrom::Start(offset))?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)?;
+        text = String::from_utf8_lossy(&bytes).into_owned();
+        Ok(())
+    });
+    if let Err(e) = read {
+        return format!("(could not read {}: {e})", path.display());
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn free_port() -> Result<u16, TestkitError> {
+    // The kernel picks a free port; postgres binds it a moment later, and a
+    // lost race shows up as a bind error, which is retried.
+    let listener = TcpListener::bind(("127.0.0.1", 0))
+        .map_err(|e| TestkitError::io("finding a free port on 127.0.0.1", e))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| TestkitError::io("finding a free port on 127.0.0.1", e))
+}
+
+fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let parent = std::env::temp_dir();
+    let pid = std::process::id();
+    // A leftover of a dead process with our pid may exist; take the next name.
+    let dir = loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir = parent.join(format!("{TEMP_PREFIX}{pid}-{n}"));
+        match fs::create_dir(&dir) {
+            Ok(()) => break dir,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 10_000 => continue,
+            Err(e) => return Err(TestkitError::io(format!("creating {}", dir.display()), e)),
+        }
+    };
+    let setup = || -> std::io::Result<()> {
+        fs::write(dir.join(OWNER_FILE), pid.to_string())?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+        if let Some(user) = run_as {
+            std::os::unix::fs::chown(&dir, Some(user.uid), Some(user.gid))?;
+        }
+        Ok(())
+    };
+    if let Err(e) = setup() {
+        let _ = fs::remove_dir_all(&dir);
+        return Err(TestkitError::io(format!("preparing {}", dir.display()), e));
+    }
+    Ok(dir)
+}
+
+fn spawn_watchdog(dir: &Path) -> Option<Watchdog> {
+    let spawned = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(WATCHDOG_SCRIPT)
+        .arg("pgtenant-testkit-watchdog")
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // Survives a Ctrl-C of the test run, so it can clean up after it.
+        .process_group(0)
+        .spawn();
+    match spawned {
+        Ok(mut child) => {
+            let stdin = child.stdin.take();
+            Some(Watchdog { child, stdin })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no cleanup watchdog: /bin/sh could not be started; a killed test may leave its cluster behind");
+            None
+        }
+    }
+}
+
+/// `None` unless we are root; then the `postgres` or else `nobody` account.
+fn run_as() -> Result<Option<RunAs>, TestkitError> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    for name in ["postgres", "nobody"] {
+        if let Some((uid, gid)) = lookup_user(name) {
+            if uid != 0 {
+                return Ok(Some(RunAs {
+                    name: name.to_owned(),
+                    uid,
+                    gid,
+                }));
+            }
+        }
+    }
+    Err(TestkitError::Cluster(
+        "this process runs as root, which initdb and postgres refuse, and neither user \
+         `postgres` nor `nobody` exists to run them as; create one (e.g. `useradd postgres`)"
+            .to_owned(),
+    ))
+}
+
+fn lookup_user(name: &str) -> Option<(u32, u32)> {
+    let cname = CString::new(name).ok()?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: passwd is plain data; all-zero is a valid value to be overwritten.
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call, and `buf.len()` is the
+    // length of `buf`; getpwnam_r writes only into `pwd` and `buf`.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            cname.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() {
+        return None;
+    }
+    Some((pwd.pw_uid, pwd.pw_gid))
+}
+
+/// The directory holding `initdb` and `postgres`, searched once per process.
+fn find_bindir() -> Result<PathBuf, String> {
+    static BINDIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINDIR.get_or_init(search_bindir).clone()
+}
+
+fn search_bindir() -> Result<PathBuf, String> {
+    let mut looked = Vec::new();
+    if let Some(dir) = std::env::var_os("PGTENANT_TESTKIT_PG_BINDIR") {
+        let dir = PathBuf::from(dir);
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+        looked.push(format!(
+            "PGTENANT_TESTKIT_PG_BINDIR={} has no initdb and postgres",
+            dir.display()
+        ));
+    }
+    match Command::new("pg_config")
+        .arg("--bindir")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(out) if out.status.success() => {
+            let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            if has_server(&dir) {
+                return Ok(dir);
+            }
+            looked.push(format!(
+                "`pg_config --bindir` is {}, which has no initdb and postgres (only the client is installed?)",
+                dir.display()
+            ));
+        }
+        _ => looked.push("no pg_config on PATH".to_owned()),
+    }
+    let mut on_path = false;
+    for dir in std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        let initdb = dir.join("initdb");
+        if !initdb.is_file() {
+            continue;
+        }
+        on_path = true;
+        // Debian links /usr/bin or /usr/local/bin entries to the real bindir;
+        // postgres must come from the same installation as initdb.
+        if let Some(real) = fs::canonicalize(&initdb)
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+        {
+            if has_server(&real) {
+                return Ok(real);
+            }
+        }
+        if has_server(&dir) {
+            return Ok(dir);
+        }
+    }
+    looked.push(if on_path {
+        "initdb on PATH has no postgres beside it".to_owned()
+    } else {
+        "no initdb on PATH".to_owned()
+    });
+    let mut versioned: Vec<(Vec<u32>, PathBuf)> = Vec::new();
+    // Debian/Ubuntu: /usr/lib/postgresql/<version>/bin.
+    if let Ok(entries) = fs::read_dir("/usr/lib/postgresql") {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            versioned.push((version_key(&name), entry.path().join("bin")));
+        }
+    }
+    // RHEL/Fedora (PGDG): /usr/pgsql-<version>/bin.
+    if let Ok(entries) = fs::read_dir("/usr") {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(version) = name.strip_prefix("pgsql-") {
+                versioned.push((version_key(version), entry.path().join("bin")));
+            }
+        }
+    }
+    versioned.sort_by(|a, b| b.0.cmp(&a.0));
+    if let Some((_, dir)) = versioned.into_iter().find(|(_, dir)| has_server(dir)) {
+        return Ok(dir);
+    }
+    looked.push(
+        "no /usr/lib/postgresql/*/bin or /usr/pgsql-*/bin with initdb and postgres".to_owned(),
+    );
+    Err(format!(
+        "no PostgreSQL server binaries (initdb and postgres) on this machine: {}; install them \
+         (e.g. `apt-get install postgresql`) or set PGTENANT_TESTKIT_PG_BINDIR",
+        looked.join("; ")
+    ))
+}
+
+fn version_key(version: &str) -> Vec<u32> {
+    version
+        .split('.')
+        .map(|part| part.parse().unwrap_or(0))
+        .collect()
+}
+
+fn has_server(dir: &Path) -> bool {
+    let executable = |name: &str| {
+        fs::metadata(dir.join(name))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    executable("initdb") && executable("postgres")
+}
+
+/// A throwaway PostgreSQL cluster of this test's own, made with the machine's
+/// `initdb` and `postgres` in a temporary directory.
+///
+/// Unlike the shared server of [`TestDatabase::create`], it can be stopped and
+/// started again (same data directory, same port), e.g. to test reconnects or
+/// durability. It runs with default (durable) settings, trust authentication
+/// and the superuser `postgres`, listening on `127.0.0.1` only.
+///
+/// Dropping it stops the server and removes the directory, once every
+/// [`TestDatabase`] made by [`create_database`](Self::create_database) is
+/// dropped too. If the test process dies instead, a watchdog process cleans
+/// up when it sees the process gone.
+pub struct LocalCluster {
+    inner: Arc<Cluster>,
+}
+
+impl LocalCluster {
+    /// Makes a cluster with `initdb` and starts it on a free port.
+    ///
+    /// As root, initdb and postgres run as the `postgres` (else `nobody`)
+    /// user, since both refuse to run as root.
+    pub async fn start() -> Result<LocalCluster, TestkitError> {
+        sweep::sweep_temp_dirs_once();
+        Ok(LocalCluster {
+            inner: Arc::new(Cluster::start(Durability::Durable).await?),
+        })
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.inner.port()
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/database`.
+    pub fn url(&self, database: &str) -> String {
+        self.inner.url(database)
+    }
+
+    /// A fresh database on this cluster; its [`source`](TestDatabase::source)
+    /// is [`Source::Initdb`]. It keeps the cluster alive until it is dropped.
+    pub async fn create_database(&self) -> Result<TestDatabase, TestkitError> {
+        Arc::new(Arc::clone(&self.inner).server())
+            .create_database()
+            .await
+    }
+
+    /// Fast shutdown (`-m fast`: sessions are ended, a checkpoint written);
+    /// returns once postgres has exited. Stopping a stopped cluster is a no-op.
+    pub async fn stop(&self) -> Result<(), TestkitError> {
+        self.inner.stop().await
+    }
+
+    /// Starts the stopped server again with the same data directory and
+    /// port; returns once it accepts connections. A no-op while running.
+    pub async fn start_again(&self) -> Result<(), TestkitError> {
+        self.inner.start_again().await
+    }
+
+    /// [`stop`](Self::stop), then [`start_again`](Self::start_again).
+    pub async fn restart(&self) -> Result<(), TestkitError> {
+        self.stop().await?;
+        self.start_again().await
+    }
+
+    /// The cluster's data directory (`PGDATA`).
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.data
+    }
+}
+
+impl fmt::Debug for LocalCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalCluster")
+            .field("port", &self.port())
+            .field("data_dir", &self.inner.data)
+            .field("bindir", &self.inner.bindir)
+            .field("run_as", &self.inner.run_as.as_ref().map(|u| &u.name))
+            .finish()
+    }
+}
