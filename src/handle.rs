@@ -45,7 +45,13 @@ pub(crate) struct HandleInner {
 }
 
 impl HandleInner {
-    pub(crate) fn new(id: TenantId, epoch: i64, incarnation: i64, schema: String, router: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        id: TenantId,
+        epoch: i64,
+        incarnation: i64,
+        schema: String,
+        router: Arc<Shared>,
+    ) -> Self {
         let idle_timeout_ms = millis(router.options.ttl).to_string();
         HandleInner {
             id,

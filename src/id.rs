@@ -215,7 +215,9 @@ impl TenantId {
         let fixed = LIVE_PREFIX.len() + 3 + epoch.len() + HASH_HEX_DIGITS;
         let readable = budget.saturating_sub(fixed);
         let (org, ledger) = (self.organization(), self.ledger());
-        let org_len = org.len().min(readable.saturating_sub(ledger.len()).max(readable / 2));
+        let org_len = org
+            .len()
+            .min(readable.saturating_sub(ledger.len()).max(readable / 2));
         let ledger_len = ledger.len().min(readable - org_len);
         let snake = |s: &str| s.replace('-', "_");
         format!(
@@ -276,7 +278,11 @@ mod tests {
         let id = TenantId::new(&long, &long).expect("valid id");
         for epoch in [0, 1, 99, i64::MAX] {
             let name = format!("{TRASH_PREFIX}{}", id.schema_name(epoch));
-            assert!(name.len() <= MAX_IDENTIFIER_LEN, "{name} is {} bytes", name.len());
+            assert!(
+                name.len() <= MAX_IDENTIFIER_LEN,
+                "{name} is {} bytes",
+                name.len()
+            );
         }
     }
 

@@ -34,13 +34,18 @@ mod router;
 pub use control_plane::{
     control_plane_version, setup, supported_version, SetupReport, CONTROL_SCHEMA,
 };
+/// Re-exported for [`RouterOptions::pool`].
+pub use deadpool_postgres;
 pub use error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 pub use event::Event;
 pub use handle::{BoxFuture, TenantHandle};
+pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use options::{RouterOptions, MAX_TTL, MIN_TTL};
 pub use router::Router;
 /// Re-exported so applications use the same driver types pgtenant hands out.
 pub use tokio_postgres;
-/// Re-exported for [`RouterOptions::pool`].
-pub use deadpool_postgres;
-pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
+
+/// The README's examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

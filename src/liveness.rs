@@ -105,7 +105,7 @@ impl LeaseSession {
             .keepalives_idle(idle)
             .keepalives_interval(Duration::from_secs(2))
             .keepalives_retries(3)
-            .application_name(&format!("pgtenant lease {}", options.replica_id));
+            .application_name(format!("pgtenant lease {}", options.replica_id));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -133,7 +133,10 @@ impl LeaseSession {
             .map_err(Error::db("configure the lease session"))?;
 
         let lock_key: i32 = client
-            .query_one("SELECT pgtenant.replica_lock_key($1)", &[&options.replica_id])
+            .query_one(
+                "SELECT pgtenant.replica_lock_key($1)",
+                &[&options.replica_id],
+            )
             .await
             .and_then(|row| row.try_get(0))
             .map_err(Error::db("look up the replica's lock key"))?;
@@ -175,7 +178,6 @@ impl LeaseSession {
             registered_at,
         })
     }
-
 
     /// Marks the incarnation released so no one waits for its expiry, then ends the session
     /// (which drops the liveness lock).

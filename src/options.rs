@@ -70,10 +70,12 @@ impl RouterOptions {
     /// # Errors
     /// [`Error::InvalidOption`] when the URL does not parse.
     pub fn from_url(replica_id: impl Into<String>, url: &str) -> Result<Self> {
-        let config = url.parse().map_err(|e: tokio_postgres::Error| Error::InvalidOption {
-            option: "database_url",
-            reason: format!("{e}; expected postgres://user@host:port/database"),
-        })?;
+        let config = url
+            .parse()
+            .map_err(|e: tokio_postgres::Error| Error::InvalidOption {
+                option: "database_url",
+                reason: format!("{e}; expected postgres://user@host:port/database"),
+            })?;
         Ok(RouterOptions::new(replica_id, config))
     }
 
@@ -192,7 +194,10 @@ impl RouterOptions {
             );
         }
         if self.config.get_hosts().is_empty() {
-            return invalid("config", "no host: set a host in the URL or config".to_owned());
+            return invalid(
+                "config",
+                "no host: set a host in the URL or config".to_owned(),
+            );
         }
         Ok(())
     }

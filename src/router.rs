@@ -61,7 +61,9 @@ pub(crate) struct Shared {
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it: the maps it guards
 /// are consistent after every single operation.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
@@ -107,7 +109,10 @@ impl Router {
             None => build_pool(&options)?,
         };
         {
-            let client = pool.get().await.map_err(pool_error("check the control plane"))?;
+            let client = pool
+                .get()
+                .await
+                .map_err(pool_error("check the control plane"))?;
             ensure_current(&client).await?;
         }
         let session = LeaseSession::open(&options).await?;
@@ -124,7 +129,8 @@ impl Router {
         begin_incarnation(&shared, &session);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("pgtenant.heartbeat", replica = %shared.options.replica_id);
-        let maintenance = tokio::spawn(maintain(shared.clone(), session, shutdown_rx).instrument(span));
+        let maintenance =
+            tokio::spawn(maintain(shared.clone(), session, shutdown_rx).instrument(span));
         Ok(Router {
             shared,
             maintenance: Mutex::new(Some(maintenance)),
@@ -222,7 +228,11 @@ impl Router {
                 replica_id: replica.clone(),
             });
         }
-        let mut client = shared.pool.get().await.map_err(pool_error("acquire a lease"))?;
+        let mut client = shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("acquire a lease"))?;
         let row = client
             .query_typed_one(
                 "SELECT epoch, schema_name, previous_owner, took_over FROM pgtenant.acquire($1, $2, $3, $4, $5, $6)",
@@ -246,8 +256,11 @@ impl Router {
             Some(schema) => schema,
             None => {
                 let schema = id.schema_name(epoch);
-                if let Err(error) = create_schema(&mut client, id, epoch, replica, incarnation, &schema).await {
-                    let _ = release_lease(&client, id, epoch, replica, incarnation, "released").await;
+                if let Err(error) =
+                    create_schema(&mut client, id, epoch, replica, incarnation, &schema).await
+                {
+                    let _ =
+                        release_lease(&client, id, epoch, replica, incarnation, "released").await;
                     return Err(error);
                 }
                 shared.emit(Event::Created {
@@ -259,7 +272,13 @@ impl Router {
             }
         };
         drop(client);
-        let inner = Arc::new(HandleInner::new(id.clone(), epoch, incarnation, schema, shared.clone()));
+        let inner = Arc::new(HandleInner::new(
+            id.clone(),
+            epoch,
+            incarnation,
+            schema,
+            shared.clone(),
+        ));
         lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
         info!(epoch, took_over = ?took_over, "acquired");
         shared.emit(Event::Acquired {
@@ -325,7 +344,9 @@ fn build_pool(options: &RouterOptions) -> Result<Pool> {
         })
 }
 
-pub(crate) fn pool_error(context: &'static str) -> impl FnOnce(deadpool_postgres::PoolError) -> Error {
+pub(crate) fn pool_error(
+    context: &'static str,
+) -> impl FnOnce(deadpool_postgres::PoolError) -> Error {
     move |error| match error {
         deadpool_postgres::PoolError::Backend(source) => Error::Database {
             context: context.to_owned(),
@@ -352,7 +373,10 @@ fn acquire_error(id: &TenantId, replica: &str, error: tokio_postgres::Error) -> 
         return Error::db(format!("acquire tenant {id}"))(error);
     };
     match db.code().code() {
-        "PTL01" => match db.detail().and_then(|d| serde_json::from_str::<HeldDetail>(d).ok()) {
+        "PTL01" => match db
+            .detail()
+            .and_then(|d| serde_json::from_str::<HeldDetail>(d).ok())
+        {
             Some(held) => Error::LeaseHeld {
                 tenant: id.key().to_owned(),
                 owner: held.owner,
@@ -477,7 +501,11 @@ enum SessionEnd {
 }
 
 /// The replica's background task: heartbeats, and re-registration when an incarnation ends.
-async fn maintain(shared: Arc<Shared>, mut session: LeaseSession, mut shutdown: watch::Receiver<bool>) {
+async fn maintain(
+    shared: Arc<Shared>,
+    mut session: LeaseSession,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         match heartbeat_until_end(&shared, &mut session, &mut shutdown).await {
             SessionEnd::Shutdown => {
@@ -486,7 +514,11 @@ async fn maintain(shared: Arc<Shared>, mut session: LeaseSession, mut shutdown: 
                 return;
             }
             SessionEnd::Lost(reason) => {
-                warn!(reason, incarnation = session.incarnation, "incarnation lost");
+                warn!(
+                    reason,
+                    incarnation = session.incarnation,
+                    "incarnation lost"
+                );
                 shared.lose_incarnation(reason);
             }
         }
@@ -541,9 +573,14 @@ async fn heartbeat_until_end(
         match outcome {
             Ok(Ok(Some(()))) => {
                 last_success = started;
-                let resumed = shared.liveness.renewed(started + options.ttl - options.effective_margin());
+                let resumed = shared
+                    .liveness
+                    .renewed(started + options.ttl - options.effective_margin());
                 if resumed {
-                    info!(incarnation = session.incarnation, "heartbeat resumed service");
+                    info!(
+                        incarnation = session.incarnation,
+                        "heartbeat resumed service"
+                    );
                     shared.emit(Event::Resumed {
                         incarnation: session.incarnation,
                     });
@@ -552,7 +589,9 @@ async fn heartbeat_until_end(
                     incarnation: session.incarnation,
                 });
             }
-            Ok(Ok(None)) => return SessionEnd::Lost("heartbeat found the incarnation expired or replaced"),
+            Ok(Ok(None)) => {
+                return SessionEnd::Lost("heartbeat found the incarnation expired or replaced")
+            }
             Ok(Err(error)) => {
                 warn!(%error, "heartbeat failed");
                 shared.emit(Event::RenewFailed {

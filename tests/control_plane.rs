@@ -28,7 +28,11 @@ async fn setup_twice_creates_once_then_does_nothing() {
     assert!(objects > 5, "tables and views exist, found {objects}");
 
     let second = setup(&mut client).await.expect("second setup");
-    assert!(second.applied.is_empty(), "second run applied {:?}", second.applied);
+    assert!(
+        second.applied.is_empty(),
+        "second run applied {:?}",
+        second.applied
+    );
     assert_eq!(second.version, supported_version());
     assert_eq!(count(&client, OBJECTS_IN_CONTROL_SCHEMA).await, objects);
     for table in ["replicas", "tenants", "trash", "history"] {
@@ -52,7 +56,11 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
     }
     assert_eq!(applied, 1, "exactly one setup applies the migration");
     assert_eq!(
-        count(&client, "SELECT count(*) FROM pgtenant.refinery_schema_history").await,
+        count(
+            &client,
+            "SELECT count(*) FROM pgtenant.refinery_schema_history"
+        )
+        .await,
         supported_version()
     );
 }
@@ -77,7 +85,10 @@ async fn a_newer_control_plane_is_refused_before_anything_changes() {
         "{error:?}"
     );
     let message = error.to_string();
-    assert!(message.contains("999") && message.contains("upgrade pgtenant"), "{message}");
+    assert!(
+        message.contains("999") && message.contains("upgrade pgtenant"),
+        "{message}"
+    );
     assert!(!error.is_retryable());
     assert_eq!(count(&client, OBJECTS_IN_CONTROL_SCHEMA).await, objects);
 }
@@ -96,28 +107,53 @@ async fn database_errors_show_sqlstate_and_message_and_are_classified() {
         .expect("role");
     let mut config = db.config();
     config.user(&role);
-    let (mut client, connection) = config.connect(tokio_postgres::NoTls).await.expect("connect");
+    let (mut client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
     tokio::spawn(connection);
 
     let error = setup(&mut client).await.expect_err("no privilege");
     let message = error.to_string();
     assert_eq!(error.sqlstate(), Some("42501"), "{message}");
-    assert!(message.contains("permission denied") && message.contains("SQLSTATE 42501"), "{message}");
-    assert!(!error.is_retryable(), "a privilege problem is not fixed by retrying");
-    assert!(std::error::Error::source(&error).is_some(), "the driver error is kept as source");
+    assert!(
+        message.contains("permission denied") && message.contains("SQLSTATE 42501"),
+        "{message}"
+    );
+    assert!(
+        !error.is_retryable(),
+        "a privilege problem is not fixed by retrying"
+    );
+    assert!(
+        std::error::Error::source(&error).is_some(),
+        "the driver error is kept as source"
+    );
     drop(client);
 
     // A connection cut by the server: unavailable, retryable.
-    let (victim, connection) = db.config().connect(tokio_postgres::NoTls).await.expect("connect");
+    let (victim, connection) = db
+        .config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
     tokio::spawn(connection);
-    let pid: i32 = victim.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let pid: i32 = victim
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
     admin
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .expect("terminate");
-    let error = pgtenant::control_plane_version(&victim).await.expect_err("connection is gone");
+    let error = pgtenant::control_plane_version(&victim)
+        .await
+        .expect_err("connection is gone");
     assert!(error.is_retryable(), "{error}");
-    admin.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}")).await.ok();
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .ok();
 }
 
 #[tokio::test]
@@ -139,23 +175,34 @@ async fn status_views_explain_replicas_and_leases() {
     // The live replica's liveness lock, held by another session as its lease session would.
     let lease_session = db.connect().await.expect("connect");
     let key: i32 = client
-        .query_one("SELECT lock_key FROM pgtenant.replicas WHERE replica_id = 'live'", &[])
+        .query_one(
+            "SELECT lock_key FROM pgtenant.replicas WHERE replica_id = 'live'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     let locked: bool = lease_session
-        .query_one("SELECT pg_try_advisory_lock(pgtenant.lock_namespace(), $1)", &[&key])
+        .query_one(
+            "SELECT pg_try_advisory_lock(pgtenant.lock_namespace(), $1)",
+            &[&key],
+        )
         .await
         .unwrap()
         .get(0);
     assert!(locked);
 
     let rows = client
-        .query("SELECT tenant, state, owner_alive FROM pgtenant.lease_status", &[])
+        .query(
+            "SELECT tenant, state, owner_alive FROM pgtenant.lease_status",
+            &[],
+        )
         .await
         .expect("lease_status");
-    let states: Vec<(String, String, Option<bool>)> =
-        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+    let states: Vec<(String, String, Option<bool>)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
     assert_eq!(
         states,
         vec![
@@ -165,14 +212,22 @@ async fn status_views_explain_replicas_and_leases() {
         ]
     );
     let rows = client
-        .query("SELECT replica_id, alive, lock_held, tenants_held FROM pgtenant.replica_status", &[])
+        .query(
+            "SELECT replica_id, alive, lock_held, tenants_held FROM pgtenant.replica_status",
+            &[],
+        )
         .await
         .expect("replica_status");
-    let replicas: Vec<(String, bool, bool, i64)> =
-        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let replicas: Vec<(String, bool, bool, i64)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
     assert_eq!(
         replicas,
-        vec![("dead".into(), false, false, 1), ("live".into(), true, true, 1)]
+        vec![
+            ("dead".into(), false, false, 1),
+            ("live".into(), true, true, 1)
+        ]
     );
 
     // A stalled replica: lock still held, heartbeat expired.
@@ -181,7 +236,10 @@ async fn status_views_explain_replicas_and_leases() {
         .await
         .unwrap();
     let state: String = client
-        .query_one("SELECT state FROM pgtenant.lease_status WHERE tenant = 'acme/a'", &[])
+        .query_one(
+            "SELECT state FROM pgtenant.lease_status WHERE tenant = 'acme/a'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);

@@ -22,8 +22,13 @@ async fn two_replicas_race_for_a_tenant_100_times_and_exactly_one_wins() {
             (ra, rb) => panic!("round {round}: exactly one must win: {ra:?} / {rb:?}"),
         };
         match loser_error {
-            Error::LeaseHeld { owner, owner_alive, .. } => {
-                assert_eq!(owner, winner, "round {round}: the loser's error names the winner");
+            Error::LeaseHeld {
+                owner, owner_alive, ..
+            } => {
+                assert_eq!(
+                    owner, winner,
+                    "round {round}: the loser's error names the winner"
+                );
                 assert!(owner_alive);
             }
             other => panic!("round {round}: expected LeaseHeld, got {other}"),
@@ -56,9 +61,17 @@ async fn epochs_strictly_increase_across_1000_random_acquisitions_by_three_repli
                 handle.release().await.expect("release");
             }
         }
-        let handle = routers[r].open_or_create(&ids[t]).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
+        let handle = routers[r]
+            .open_or_create(&ids[t])
+            .await
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
         if holder[t] != Some(r) {
-            assert!(handle.epoch() > last_epoch[t], "step {step}: epoch {} after {}", handle.epoch(), last_epoch[t]);
+            assert!(
+                handle.epoch() > last_epoch[t],
+                "step {step}: epoch {} after {}",
+                handle.epoch(),
+                last_epoch[t]
+            );
         }
         last_epoch[t] = handle.epoch();
         holder[t] = Some(r);
@@ -86,24 +99,41 @@ async fn a_second_live_process_with_the_same_replica_id_is_refused_with_the_hold
     let (db, client) = database().await;
     let first = router(db.url(), "twin").await;
     let lease_pid: i32 = client
-        .query_one("SELECT pid FROM pg_stat_activity WHERE application_name = 'pgtenant lease twin'", &[])
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgtenant lease twin'",
+            &[],
+        )
         .await
         .expect("the lease session is visible")
         .get(0);
-    let error = Router::start(options(db.url(), "twin")).await.err().expect("refused");
+    let error = Router::start(options(db.url(), "twin"))
+        .await
+        .err()
+        .expect("refused");
     match &error {
-        Error::ReplicaIdInUse { replica_id, holder_pid, since, .. } => {
+        Error::ReplicaIdInUse {
+            replica_id,
+            holder_pid,
+            since,
+            ..
+        } => {
             assert_eq!(replica_id, "twin");
             assert_eq!(*holder_pid, lease_pid);
             assert!(since.is_some());
         }
         other => panic!("expected ReplicaIdInUse, got {other}"),
     }
-    assert!(error.to_string().contains(&lease_pid.to_string()), "{error}");
+    assert!(
+        error.to_string().contains(&lease_pid.to_string()),
+        "{error}"
+    );
     let incarnation = first.incarnation().unwrap();
     first.close().await.unwrap();
     let again = router(db.url(), "twin").await;
-    assert!(again.incarnation().unwrap() > incarnation, "a restart is a new incarnation");
+    assert!(
+        again.incarnation().unwrap() > incarnation,
+        "a restart is a new incarnation"
+    );
     again.close().await.unwrap();
 }
 
@@ -112,10 +142,22 @@ async fn invalid_options_are_refused_before_connecting() {
     let unreachable = "postgres://postgres@127.0.0.1:1/nowhere";
     let cases = [
         (options(unreachable, "bad id!"), "replica_id"),
-        (options(unreachable, "").ttl(Duration::from_secs(5)), "replica_id"),
-        (options(unreachable, "ok").ttl(Duration::from_millis(10)), "ttl"),
-        (options(unreachable, "ok").heartbeat_period(Duration::from_secs(1)), "heartbeat_period"),
-        (options(unreachable, "ok").margin(Duration::from_millis(1300)), "margin"),
+        (
+            options(unreachable, "").ttl(Duration::from_secs(5)),
+            "replica_id",
+        ),
+        (
+            options(unreachable, "ok").ttl(Duration::from_millis(10)),
+            "ttl",
+        ),
+        (
+            options(unreachable, "ok").heartbeat_period(Duration::from_secs(1)),
+            "heartbeat_period",
+        ),
+        (
+            options(unreachable, "ok").margin(Duration::from_millis(1300)),
+            "margin",
+        ),
         (options(unreachable, "ok").pool_size(0), "pool_size"),
     ];
     for (options, expected) in cases {
@@ -130,21 +172,30 @@ async fn invalid_options_are_refused_before_connecting() {
     }
     assert!(matches!(
         pgtenant::RouterOptions::from_url("ok", "not a url"),
-        Err(Error::InvalidOption { option: "database_url", .. })
+        Err(Error::InvalidOption {
+            option: "database_url",
+            ..
+        })
     ));
 }
 
 #[tokio::test]
 async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean() {
     let (db, admin) = database().await;
-    let router = Router::start(options(db.url(), "pinned").pool_size(1)).await.unwrap();
+    let router = Router::start(options(db.url(), "pinned").pool_size(1))
+        .await
+        .unwrap();
     let handle = router.open_or_create(&tenant("pinned")).await.unwrap();
     create_log(&handle).await;
     let schema = handle.schema().to_owned();
 
     // Inside: search_path is the tenant's schema only.
     let seen: String = handle
-        .run(|tx| Box::pin(async move { Ok::<_, Error>(tx.query_one("SHOW search_path", &[]).await?.get(0)) }))
+        .run(|tx| {
+            Box::pin(
+                async move { Ok::<_, Error>(tx.query_one("SHOW search_path", &[]).await?.get(0)) },
+            )
+        })
         .await
         .unwrap();
     assert_eq!(seen, schema);
@@ -177,7 +228,8 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
         Duration::from_millis(200),
         handle.run(|tx| {
             Box::pin(async move {
-                tx.execute("INSERT INTO log VALUES (1, 2, 'x', 0)", &[]).await?;
+                tx.execute("INSERT INTO log VALUES (1, 2, 'x', 0)", &[])
+                    .await?;
                 tx.execute("SELECT pg_sleep(1)", &[]).await?;
                 Ok::<_, Error>(())
             })
@@ -192,7 +244,8 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
         panicking
             .run(|tx| {
                 Box::pin(async move {
-                    tx.execute("INSERT INTO log VALUES (1, 3, 'x', 0)", &[]).await?;
+                    tx.execute("INSERT INTO log VALUES (1, 3, 'x', 0)", &[])
+                        .await?;
                     panic!("application bug");
                     #[allow(unreachable_code)]
                     Ok::<_, Error>(())
@@ -224,10 +277,17 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
     assert_eq!(state, "idle", "no transaction left open");
     drop(connection);
     let rows: i64 = handle
-        .read(|tx| Box::pin(async move { Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0)) }))
+        .read(|tx| {
+            Box::pin(async move {
+                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
+            })
+        })
         .await
         .unwrap();
-    assert_eq!(rows, 0, "nothing of the failed, cancelled or panicked work committed");
+    assert_eq!(
+        rows, 0,
+        "nothing of the failed, cancelled or panicked work committed"
+    );
     router.close().await.unwrap();
 }
 
@@ -236,7 +296,9 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
 #[tokio::test]
 async fn a_stale_epoch_is_refused_by_the_database_itself() {
     let (db, client) = database().await;
-    let old = Router::start(options(db.url(), "stale-old").pool_size(1)).await.unwrap();
+    let old = Router::start(options(db.url(), "stale-old").pool_size(1))
+        .await
+        .unwrap();
     let new = router(db.url(), "stale-new").await;
     let id = tenant("stale");
     let handle = old.open_or_create(&id).await.unwrap();
@@ -253,7 +315,10 @@ async fn a_stale_epoch_is_refused_by_the_database_itself() {
     let mut blocker = db.connect().await.unwrap();
     let stall = blocker.transaction().await.unwrap();
     stall
-        .execute("SELECT 1 FROM pgtenant.replicas WHERE replica_id = 'stale-old' FOR UPDATE", &[])
+        .execute(
+            "SELECT 1 FROM pgtenant.replicas WHERE replica_id = 'stale-old' FOR UPDATE",
+            &[],
+        )
         .await
         .unwrap();
     let taken = acquire_after_expiry(&new, &id).await;
@@ -269,13 +334,20 @@ async fn a_stale_epoch_is_refused_by_the_database_itself() {
     }
     stall.rollback().await.unwrap();
     let rows: i64 = taken
-        .read(|tx| Box::pin(async move { Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0)) }))
+        .read(|tx| {
+            Box::pin(async move {
+                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
+            })
+        })
         .await
         .unwrap();
     assert_eq!(rows, 0, "the stale write is not in the ledger");
     // And in plain SQL, whatever the client: a stale epoch cannot pass the fence.
     let error = client
-        .query_one("SELECT pgtenant.fence($1, $2)", &[&id.key(), &handle.epoch()])
+        .query_one(
+            "SELECT pgtenant.fence($1, $2)",
+            &[&id.key(), &handle.epoch()],
+        )
         .await
         .expect_err("stale epoch");
     assert_eq!(error.code().unwrap().code(), pgtenant::SQLSTATE_FENCED);
@@ -290,7 +362,8 @@ async fn acquire_after_expiry(router: &Router, id: &pgtenant::TenantId) -> pgten
         match router.open(id).await {
             Ok(handle) => return handle,
             Err(Error::LeaseHeld { expires_in, .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(expires_in.unwrap_or_default() + Duration::from_millis(20)).await;
+                tokio::time::sleep(expires_in.unwrap_or_default() + Duration::from_millis(20))
+                    .await;
             }
             Err(other) => panic!("takeover failed: {other}"),
         }
@@ -314,7 +387,8 @@ async fn an_owners_in_flight_commit_lands_before_the_contenders_epoch() {
             handle
                 .run(move |tx| {
                     Box::pin(async move {
-                        tx.execute("INSERT INTO log VALUES ($1, 1, 'owner', 0)", &[&epoch]).await?;
+                        tx.execute("INSERT INTO log VALUES ($1, 1, 'owner', 0)", &[&epoch])
+                            .await?;
                         let _ = started_tx.send(());
                         tx.execute("SELECT pg_sleep(0.5)", &[]).await?;
                         Ok::<_, Error>(())
@@ -326,7 +400,10 @@ async fn an_owners_in_flight_commit_lands_before_the_contenders_epoch() {
     started.await.unwrap();
     // The owner walks away without draining; its transaction is still open.
     handle.abandon().await.unwrap();
-    let taken = contender.open(&id).await.expect("the contender acquires once the commit landed");
+    let taken = contender
+        .open(&id)
+        .await
+        .expect("the contender acquires once the commit landed");
     assert!(long.is_finished() || long.await.unwrap().is_ok());
     assert_eq!(taken.epoch(), epoch + 1);
     let rows: Vec<(i64, String)> = taken
@@ -343,8 +420,15 @@ async fn an_owners_in_flight_commit_lands_before_the_contenders_epoch() {
         })
         .await
         .unwrap();
-    assert_eq!(rows, vec![(epoch, "owner".to_owned())], "the in-flight commit landed first");
-    assert!(matches!(append(&handle, "owner", 2).await, Err(Error::LeaseLost { .. })));
+    assert_eq!(
+        rows,
+        vec![(epoch, "owner".to_owned())],
+        "the in-flight commit landed first"
+    );
+    assert!(matches!(
+        append(&handle, "owner", 2).await,
+        Err(Error::LeaseLost { .. })
+    ));
     owner.close().await.unwrap();
     contender.close().await.unwrap();
 }
@@ -360,7 +444,10 @@ async fn failing_heartbeats_stop_handles_locally_and_a_later_heartbeat_resumes_t
     let mut blocker = db.connect().await.unwrap();
     let stall = blocker.transaction().await.unwrap();
     stall
-        .execute("SELECT 1 FROM pgtenant.replicas WHERE replica_id = 'lapse' FOR UPDATE", &[])
+        .execute(
+            "SELECT 1 FROM pgtenant.replicas WHERE replica_id = 'lapse' FOR UPDATE",
+            &[],
+        )
         .await
         .unwrap();
     // Each failed heartbeat is an event; after enough of them the local deadline has passed.
@@ -386,7 +473,9 @@ async fn failing_heartbeats_stop_handles_locally_and_a_later_heartbeat_resumes_t
             break;
         }
     }
-    append(&handle, "lapse", 1000).await.expect("serving again after the resume");
+    append(&handle, "lapse", 1000)
+        .await
+        .expect("serving again after the resume");
     router.close().await.unwrap();
 }
 
@@ -414,10 +503,15 @@ async fn a_terminated_lease_session_loses_every_lease_and_the_replica_registers_
     loop {
         match events.recv().await.unwrap() {
             Event::Lost { tenant, .. } if tenant == id.key() => {
-                println!("lease session cut: leases lost after {:?}", cut_at.elapsed());
+                println!(
+                    "lease session cut: leases lost after {:?}",
+                    cut_at.elapsed()
+                );
                 lost = true;
             }
-            Event::Registered { incarnation: new, .. } => {
+            Event::Registered {
+                incarnation: new, ..
+            } => {
                 assert!(lost, "leases are lost before the new incarnation");
                 assert!(new > incarnation);
                 break;
@@ -425,12 +519,22 @@ async fn a_terminated_lease_session_loses_every_lease_and_the_replica_registers_
             _ => {}
         }
     }
-    assert!(cut_at.elapsed() < Duration::from_secs(5), "noticed within the documented bound");
-    assert!(matches!(append(&handle, "cut", 99).await, Err(Error::LeaseLost { .. })));
+    assert!(
+        cut_at.elapsed() < Duration::from_secs(5),
+        "noticed within the documented bound"
+    );
+    assert!(matches!(
+        append(&handle, "cut", 99).await,
+        Err(Error::LeaseLost { .. })
+    ));
     let again = router.open(&id).await.expect("reacquire");
     assert!(again.epoch() > handle.epoch());
     let acked: i64 = again
-        .read(|tx| Box::pin(async move { Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0)) }))
+        .read(|tx| {
+            Box::pin(async move {
+                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
+            })
+        })
         .await
         .unwrap();
     assert_eq!(acked, 20, "every acknowledged write is present");

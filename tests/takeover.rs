@@ -21,7 +21,9 @@ fn replica_child() {
 
 async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
     handle
-        .read(move |tx| Box::pin(async move { Ok::<_, Error>(tx.query_one(sql, &[]).await?.get(0)) }))
+        .read(move |tx| {
+            Box::pin(async move { Ok::<_, Error>(tx.query_one(sql, &[]).await?.get(0)) })
+        })
         .await
         .expect(sql)
 }
@@ -47,7 +49,11 @@ async fn a_killed_owner_is_taken_over_at_once_and_nothing_acknowledged_is_lost()
     let (db, _client) = database().await;
     let mut child = ReplicaProcess::spawn(CHILD, db.url(), "killed");
     child.ready().await;
-    assert!(child.request("open killed").await.unwrap().starts_with("opened"));
+    assert!(child
+        .request("open killed")
+        .await
+        .unwrap()
+        .starts_with("opened"));
     for seq in 0..10 {
         let reply = child.request(&format!("write killed {seq}")).await.unwrap();
         assert!(reply.starts_with("ok"), "{reply}");
@@ -57,10 +63,15 @@ async fn a_killed_owner_is_taken_over_at_once_and_nothing_acknowledged_is_lost()
     let killed_at = Instant::now();
     child.kill();
     let handle = take_over(&survivor, &id, Duration::from_secs(5)).await;
-    append(&handle, "survivor", 0).await.expect("first commit of the new owner");
+    append(&handle, "survivor", 0)
+        .await
+        .expect("first commit of the new owner");
     let takeover = killed_at.elapsed();
     println!("takeover after SIGKILL: {takeover:?} to the new owner's first commit");
-    assert_eq!(count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'killed'").await, 10);
+    assert_eq!(
+        count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'killed'").await,
+        10
+    );
     survivor.close().await.unwrap();
 }
 
@@ -69,8 +80,16 @@ async fn a_paused_owner_is_taken_over_after_expiry_and_its_late_write_is_refused
     let (db, _client) = database().await;
     let mut child = ReplicaProcess::spawn(CHILD, db.url(), "paused");
     child.ready().await;
-    assert!(child.request("open paused").await.unwrap().starts_with("opened"));
-    assert!(child.request("write paused 1").await.unwrap().starts_with("ok"));
+    assert!(child
+        .request("open paused")
+        .await
+        .unwrap()
+        .starts_with("opened"));
+    assert!(child
+        .request("write paused 1")
+        .await
+        .unwrap()
+        .starts_with("ok"));
     // Pause it in the middle of a transaction that holds the tenant row.
     child.send("hold paused 2 300");
     assert_eq!(child.reply().await.unwrap(), "holding");
@@ -79,19 +98,34 @@ async fn a_paused_owner_is_taken_over_after_expiry_and_its_late_write_is_refused
     let other = router(db.url(), "patient").await;
     let id = tenant("paused");
     let handle = take_over(&other, &id, Duration::from_secs(30)).await;
-    append(&handle, "patient", 1).await.expect("the new owner commits");
+    append(&handle, "patient", 1)
+        .await
+        .expect("the new owner commits");
 
     child.resume();
     let held = child.reply().await.unwrap();
-    assert!(held.starts_with("error"), "the paused transaction cannot commit: {held}");
+    assert!(
+        held.starts_with("error"),
+        "the paused transaction cannot commit: {held}"
+    );
     let late = child.request("write paused 3").await.unwrap();
-    assert!(late.starts_with("error"), "the old owner's next write is refused: {late}");
+    assert!(
+        late.starts_with("error"),
+        "the old owner's next write is refused: {late}"
+    );
     assert_eq!(
-        count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'paused' AND seq > 1").await,
+        count_rows(
+            &handle,
+            "SELECT count(*) FROM log WHERE writer = 'paused' AND seq > 1"
+        )
+        .await,
         0,
         "nothing the old owner wrote after the takeover is in the ledger"
     );
-    assert_eq!(count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'paused'").await, 1);
+    assert_eq!(
+        count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'paused'").await,
+        1
+    );
     other.close().await.unwrap();
 }
 
@@ -154,14 +188,26 @@ async fn a_database_restart_mid_load_loses_nothing_acknowledged() {
     let (stop, task) = writer;
     let _ = stop.send(());
     let (acked, refused, epochs) = task.await.unwrap();
-    assert!(refused > 0, "writers were refused while the database was down");
-    assert!(epochs.len() >= 2, "writes landed before and after, on higher epochs: {epochs:?}");
+    assert!(
+        refused > 0,
+        "writers were refused while the database was down"
+    );
+    assert!(
+        epochs.len() >= 2,
+        "writes landed before and after, on higher epochs: {epochs:?}"
+    );
     let last = router.handle_of(&id).expect("serving after the restart");
     assert!(last.epoch() > first.epoch());
     let present: BTreeSet<i64> = last
         .read(|tx| {
             Box::pin(async move {
-                Ok::<_, Error>(tx.query("SELECT seq FROM log", &[]).await?.iter().map(|r| r.get(0)).collect())
+                Ok::<_, Error>(
+                    tx.query("SELECT seq FROM log", &[])
+                        .await?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect(),
+                )
             })
         })
         .await
@@ -205,7 +251,10 @@ async fn history_checker_under_random_kills_and_pauses() {
         }
         match (seed >> 16) % 100 {
             0..=2 => {
-                let old = std::mem::replace(&mut children[c], ReplicaProcess::spawn(CHILD, db.url(), names[c]));
+                let old = std::mem::replace(
+                    &mut children[c],
+                    ReplicaProcess::spawn(CHILD, db.url(), names[c]),
+                );
                 old.kill();
                 children[c].ready().await;
                 kills += 1;
@@ -221,9 +270,15 @@ async fn history_checker_under_random_kills_and_pauses() {
             }
             _ => {
                 seq += 1;
-                let reply = children[c].request(&format!("write {ledger} {seq}")).await.unwrap_or_default();
+                let reply = children[c]
+                    .request(&format!("write {ledger} {seq}"))
+                    .await
+                    .unwrap_or_default();
                 if reply.starts_with("ok") {
-                    acked.entry(ledger).or_default().insert((names[c].to_owned(), seq));
+                    acked
+                        .entry(ledger)
+                        .or_default()
+                        .insert((names[c].to_owned(), seq));
                 } else {
                     refusals += 1;
                 }
@@ -255,17 +310,37 @@ async fn history_checker_under_random_kills_and_pauses() {
             })
             .await
             .unwrap();
-        let stale: Vec<_> = rows.iter().filter(|(epoch, _, _, seen)| seen > epoch).collect();
-        assert!(stale.is_empty(), "{ledger}: committed under an epoch lower than one already committed: {stale:?}");
-        let present: BTreeSet<(String, i64)> = rows.iter().map(|(_, seq, writer, _)| (writer.clone(), *seq)).collect();
+        let stale: Vec<_> = rows
+            .iter()
+            .filter(|(epoch, _, _, seen)| seen > epoch)
+            .collect();
+        assert!(
+            stale.is_empty(),
+            "{ledger}: committed under an epoch lower than one already committed: {stale:?}"
+        );
+        let present: BTreeSet<(String, i64)> = rows
+            .iter()
+            .map(|(_, seq, writer, _)| (writer.clone(), *seq))
+            .collect();
         let want = acked.remove(ledger).unwrap_or_default();
         let missing: Vec<_> = want.difference(&present).collect();
-        assert!(missing.is_empty(), "{ledger}: acknowledged but missing: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "{ledger}: acknowledged but missing: {missing:?}"
+        );
         let epochs: BTreeSet<i64> = rows.iter().map(|r| r.0).collect();
-        println!("{ledger}: {} rows ({} acknowledged) over {} epochs", rows.len(), want.len(), epochs.len());
+        println!(
+            "{ledger}: {} rows ({} acknowledged) over {} epochs",
+            rows.len(),
+            want.len(),
+            epochs.len()
+        );
         total += want.len();
     }
     println!("history checker: {kills} kills, {pauses} pauses, {refusals} refused writes, {total} acknowledged");
-    assert!(total > 0 && kills + pauses > 0, "the run exercised writes and faults");
+    assert!(
+        total > 0 && kills + pauses > 0,
+        "the run exercised writes and faults"
+    );
     checker.close().await.unwrap();
 }

@@ -10,7 +10,11 @@ fn rule_of(organization: &str, ledger: &str) -> (IdPart, IdRule) {
         message.contains("lowercase") && message.contains(&error.part.to_string()),
         "the message says what to do: {message}"
     );
-    assert!(message.len() < 400, "bounded message for {} bytes of input", organization.len() + ledger.len());
+    assert!(
+        message.len() < 400,
+        "bounded message for {} bytes of input",
+        organization.len() + ledger.len()
+    );
     (error.part, error.rule)
 }
 
@@ -21,24 +25,71 @@ fn hostile_ids_are_refused_with_their_rule() {
     let cases: Vec<(&str, &str, IdPart, IdRule)> = vec![
         ("", "l", Organization, IdRule::Empty),
         ("o", "", Ledger, IdRule::Empty),
-        ("acme'; DROP TABLE x; --", "l", Organization, IdRule::BadChar { found: '\'', at: 4 }),
+        (
+            "acme'; DROP TABLE x; --",
+            "l",
+            Organization,
+            IdRule::BadChar { found: '\'', at: 4 },
+        ),
         ("acme", "a;b", Ledger, IdRule::BadChar { found: ';', at: 1 }),
-        ("acme", "x\"y", Ledger, IdRule::BadChar { found: '"', at: 1 }),
-        ("pg_catalog", "l", Organization, IdRule::BadChar { found: '_', at: 2 }),
-        ("Acme", "l", Organization, IdRule::BadFirstChar { found: 'A' }),
-        ("acme", "ledGer", Ledger, IdRule::BadChar { found: 'G', at: 3 }),
-        ("acmé", "l", Organization, IdRule::BadChar { found: 'é', at: 3 }),
-        ("acme", "l\0", Ledger, IdRule::BadChar { found: '\0', at: 1 }),
-        ("-acme", "l", Organization, IdRule::BadFirstChar { found: '-' }),
+        (
+            "acme",
+            "x\"y",
+            Ledger,
+            IdRule::BadChar { found: '"', at: 1 },
+        ),
+        (
+            "pg_catalog",
+            "l",
+            Organization,
+            IdRule::BadChar { found: '_', at: 2 },
+        ),
+        (
+            "Acme",
+            "l",
+            Organization,
+            IdRule::BadFirstChar { found: 'A' },
+        ),
+        (
+            "acme",
+            "ledGer",
+            Ledger,
+            IdRule::BadChar { found: 'G', at: 3 },
+        ),
+        (
+            "acmé",
+            "l",
+            Organization,
+            IdRule::BadChar { found: 'é', at: 3 },
+        ),
+        (
+            "acme",
+            "l\0",
+            Ledger,
+            IdRule::BadChar { found: '\0', at: 1 },
+        ),
+        (
+            "-acme",
+            "l",
+            Organization,
+            IdRule::BadFirstChar { found: '-' },
+        ),
         ("acme", "a/b", Ledger, IdRule::BadChar { found: '/', at: 1 }),
         ("acme", " l", Ledger, IdRule::BadFirstChar { found: ' ' }),
         (&long, "l", Organization, IdRule::TooLong { len: 10_000 }),
         ("acme", &long[..31], Ledger, IdRule::TooLong { len: 31 }),
     ];
     for (organization, ledger, part, rule) in cases {
-        assert_eq!(rule_of(organization, ledger), (part, rule), "{organization:?}/{ledger:?}");
+        assert_eq!(
+            rule_of(organization, ledger),
+            (part, rule),
+            "{organization:?}/{ledger:?}"
+        );
     }
-    assert!(TenantId::new(&long[..30], &long[..30]).is_ok(), "30 bytes is the limit, inclusive");
+    assert!(
+        TenantId::new(&long[..30], &long[..30]).is_ok(),
+        "30 bytes is the limit, inclusive"
+    );
     assert!(TenantId::new("0", "9-x").is_ok());
 }
 
@@ -69,12 +120,22 @@ fn schema_names_follow_the_rules() {
         for epoch in [1_i64, 7, 1_000_000, i64::MAX] {
             let name = id.schema_name(epoch);
             assert!(name.starts_with("t_") && !name.starts_with("pg_"), "{name}");
-            assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{name}");
-            assert!(name.len() + "trash_".len() <= 63, "{name} leaves room for the trash prefix");
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{name}"
+            );
+            assert!(
+                name.len() + "trash_".len() <= 63,
+                "{name} leaves room for the trash prefix"
+            );
             assert!(seen.insert(name), "unique");
         }
     }
-    assert!(ids[3].schema_name(1).starts_with("t_acme_eu_in_voices_1_"), "recognisable");
+    assert!(
+        ids[3].schema_name(1).starts_with("t_acme_eu_in_voices_1_"),
+        "recognisable"
+    );
 }
 
 /// Defence in depth: even SQL that bypasses the Rust type cannot store a hostile id.
@@ -94,9 +155,16 @@ async fn the_control_plane_refuses_hostile_ids_too() {
             .expect_err("check constraint");
         assert_eq!(error.code().map(|c| c.code()), Some("23514"), "{key}");
     }
-    let tenants: i64 = client.query_one("SELECT count(*) FROM pgtenant.tenants", &[]).await.unwrap().get(0);
+    let tenants: i64 = client
+        .query_one("SELECT count(*) FROM pgtenant.tenants", &[])
+        .await
+        .unwrap()
+        .get(0);
     let schemas: i64 = client
-        .query_one("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 't\\_%'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 't\\_%'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);

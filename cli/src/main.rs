@@ -34,10 +34,9 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--database-url" => {
-                database_url = Some(
-                    args.next()
-                        .ok_or("--database-url needs a value, e.g. postgres://postgres@127.0.0.1/app")?,
-                );
+                database_url = Some(args.next().ok_or(
+                    "--database-url needs a value, e.g. postgres://postgres@127.0.0.1/app",
+                )?);
             }
             "--json" => json = true,
             "-h" | "--help" => command = Some("help".to_owned()),
@@ -48,7 +47,11 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 return Err(format!("unknown option {other:?}; see `pgtenant help`"))
             }
             other if command.is_none() => command = Some(other.to_owned()),
-            other => return Err(format!("unexpected argument {other:?}; see `pgtenant help`")),
+            other => {
+                return Err(format!(
+                    "unexpected argument {other:?}; see `pgtenant help`"
+                ))
+            }
         }
     }
     Ok(Args {
@@ -89,7 +92,8 @@ async fn main() -> ExitCode {
     }
 }
 
-type CommandFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + 'a>>;
+type CommandFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + 'a>>;
 
 async fn with_database(
     args: &Args,
@@ -148,7 +152,9 @@ async fn cmd_status(client: &mut Client, json: bool) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     if version == 0 {
-        return Err("this database has no pgtenant control plane: run `pgtenant setup` first".into());
+        return Err(
+            "this database has no pgtenant control plane: run `pgtenant setup` first".into(),
+        );
     }
     let replicas = "SELECT replica_id, alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, started_at::timestamp(0) AS started_at FROM pgtenant.replica_status";
     let tenants = "SELECT tenant, state, owner, epoch, owner_alive, expires_in, schema, version, quarantine_cause FROM pgtenant.lease_status";
@@ -230,23 +236,132 @@ async fn cmd_demo(args: &Args) -> Result<(), String> {
     let (_cluster, _database, url) = match &args.database_url {
         Some(url) => (None, None, url.clone()),
         None => {
-            println!("no --database-url or DATABASE_URL: starting a throwaway PostgreSQL from this machine's initdb…");
+            say("no --database-url or DATABASE_URL: starting a throwaway PostgreSQL from this machine's initdb");
             let cluster = pgtenant_testkit::LocalCluster::start()
                 .await
                 .map_err(|e| e.to_string())?;
             let database = cluster.create_database().await.map_err(|e| e.to_string())?;
             let url = database.url().to_owned();
-            println!("  throwaway PostgreSQL at {url}");
+            say(&format!("throwaway PostgreSQL at {url}"));
             (Some(cluster), Some(database), url)
         }
     };
+    demo(&url).await.map_err(|e| e.to_string())?;
     let mut client = connect(&url).await?;
-    println!("\n$ pgtenant setup");
-    cmd_setup(&mut client).await?;
-    println!("\n$ pgtenant setup   # again: a no-op");
-    cmd_setup(&mut client).await?;
     println!("\n$ pgtenant status");
     cmd_status(&mut client, false).await?;
-    println!("\nlook with psql: psql '{url}' -c 'TABLE pgtenant.lease_status'");
+    if args.database_url.is_some() {
+        println!("\nlook with psql: psql '{url}' -c 'TABLE pgtenant.lease_status'");
+    } else {
+        println!("\nthe throwaway PostgreSQL is removed now; run with --database-url to keep the database and look with psql");
+    }
+    Ok(())
+}
+
+fn say(line: &str) {
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    let start = START.get_or_init(std::time::Instant::now);
+    println!(
+        "[{:>7.1} ms] {line}",
+        start.elapsed().as_secs_f64() * 1000.0
+    );
+}
+
+/// The main job in one minute: two replicas, one tenant, a fenced write, a crash, a takeover.
+async fn demo(url: &str) -> pgtenant::Result<()> {
+    use pgtenant::{Error, Router, RouterOptions, TenantId};
+    use std::time::Duration;
+
+    let mut client = connect(url).await.map_err(|reason| Error::InvalidOption {
+        option: "database_url",
+        reason,
+    })?;
+    let report = pgtenant::setup(&mut client).await?;
+    say(&format!("control plane ready (version {})", report.version));
+    let options = |replica: &str| -> pgtenant::Result<RouterOptions> {
+        Ok(RouterOptions::from_url(replica, url)?
+            .ttl(Duration::from_secs(3))
+            .pool_size(4))
+    };
+    let a = Router::start(options("replica-a")?).await?;
+    let b = Router::start(options("replica-b")?).await?;
+    say(
+        "replica-a and replica-b registered: each holds one liveness lock on its own lease session",
+    );
+
+    let id = TenantId::new("acme", "invoices")?;
+    let tenant = a.open_or_create(&id).await?;
+    say(&format!(
+        "replica-a opened {id}: epoch {}, schema {}",
+        tenant.epoch(),
+        tenant.schema()
+    ));
+    for amount in [120_i64, 80, 42] {
+        tenant
+            .run(move |tx| {
+                Box::pin(async move {
+                    tx.batch_execute("CREATE TABLE IF NOT EXISTS entries (amount bigint NOT NULL)")
+                        .await?;
+                    tx.execute("INSERT INTO entries VALUES ($1)", &[&amount])
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+            })
+            .await?;
+    }
+    say("replica-a committed 3 entries, each in a transaction fenced by epoch inside PostgreSQL");
+
+    match b.open(&id).await {
+        Err(error @ Error::LeaseHeld { .. }) => {
+            say(&format!("replica-b tries to open it: {error}"))
+        }
+        Err(other) => return Err(other),
+        Ok(_) => say("replica-b opened it?! (unexpected)"),
+    }
+
+    say("replica-a crashes (its lease session closes, PostgreSQL drops its liveness lock)");
+    let stale = tenant.clone();
+    drop(a);
+    let taken = loop {
+        match b.open(&id).await {
+            Ok(handle) => break handle,
+            Err(Error::LeaseHeld { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(other) => return Err(other),
+        }
+    };
+    let total: i64 = taken
+        .read(|tx| {
+            Box::pin(async move {
+                Ok::<_, Error>(
+                    tx.query_one("SELECT sum(amount)::bigint FROM entries", &[])
+                        .await?
+                        .get(0),
+                )
+            })
+        })
+        .await?;
+    say(&format!(
+        "replica-b took over {id} at epoch {}: it sees all 3 entries (sum {total}); no data was copied",
+        taken.epoch()
+    ));
+    let refused = stale
+        .run(|tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO entries VALUES (-1000)", &[])
+                    .await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await;
+    if let Err(error) = refused {
+        say(&format!(
+            "the crashed owner's stale handle tries to write: refused ({error})"
+        ));
+    }
+    taken.release().await?;
+    say("replica-b released the tenant");
+    b.close().await?;
+    say("replica-b closed");
     Ok(())
 }

@@ -31,7 +31,9 @@ pub fn options(url: &str, replica: &str) -> RouterOptions {
 }
 
 pub async fn router(url: &str, replica: &str) -> Router {
-    Router::start(options(url, replica)).await.expect("router starts")
+    Router::start(options(url, replica))
+        .await
+        .expect("router starts")
 }
 
 pub fn tenant(name: &str) -> TenantId {
@@ -92,7 +94,13 @@ const PREFIX: &str = "@@ ";
 impl ReplicaProcess {
     pub fn spawn(entry: &str, url: &str, replica: &str) -> ReplicaProcess {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([entry, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                entry,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("PGTENANT_CHILD_URL", url)
             .env("PGTENANT_CHILD_REPLICA", replica)
             .stdin(Stdio::piped())
@@ -262,6 +270,10 @@ fn say(line: &str) {
 
 fn describe(error: &pgtenant::Error) -> String {
     let debug = format!("{error:?}");
-    let variant = debug.split([' ', '{', '(']).next().unwrap_or("Unknown").to_owned();
+    let variant = debug
+        .split([' ', '{', '('])
+        .next()
+        .unwrap_or("Unknown")
+        .to_owned();
     format!("error {variant} {error}")
 }
