@@ -199,7 +199,7 @@ END $$;
 CREATE FUNCTION pgtenant.acquire(p_key text, p_organization text, p_ledger text,
                                  p_replica text, p_incarnation bigint, p_create boolean)
 RETURNS TABLE (epoch bigint, schema_name text, forgotten_at_epoch bigint,
-               schema_version integer, previous_owner text, took_over text)
+               schema_version integer, previous_owner text, took_over text, quarantine text)
 LANGUAGE plpgsql AS $$
 DECLARE
     t pgtenant.tenants%ROWTYPE;
@@ -248,6 +248,16 @@ BEGIN
                 'expires_in_ms', greatest(0, (extract(epoch FROM t.reserved_until - now()) * 1000)::bigint),
                 'reserved', true)::text;
     END IF;
+    -- A tenant whose schema vanished behind pgtenant's back is the tenant's fault, not the
+    -- database's: quarantine it (committed, so status shows it) instead of serving nothing.
+    IF t.schema_name IS NOT NULL AND to_regnamespace(t.schema_name) IS NULL THEN
+        PERFORM pgtenant.quarantine(p_key, format('schema %s is missing', t.schema_name),
+            'restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine',
+            p_replica);
+        RETURN QUERY SELECT t.epoch, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner,
+                            NULL::text, format('schema %s is missing', t.schema_name);
+        RETURN;
+    END IF;
     UPDATE pgtenant.tenants
        SET epoch = t.epoch + 1, owner = p_replica, owner_incarnation = p_incarnation,
            acquired_at = now(), reserved_for = NULL, reserved_until = NULL
@@ -260,7 +270,37 @@ BEGIN
     INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
     VALUES (p_key, 'acquired', t.epoch + 1, p_replica, p_incarnation,
             CASE WHEN v_took_over IS NOT NULL THEN format('from %s (%s)', t.owner, v_took_over) END);
-    RETURN QUERY SELECT t.epoch + 1, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner, v_took_over;
+    RETURN QUERY SELECT t.epoch + 1, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner, v_took_over, NULL::text;
+END $$;
+
+-- Quarantines a tenant: kept out of service, cause and repair shown in lease_status, not
+-- retried until cleared. Any lease on it ends.
+CREATE FUNCTION pgtenant.quarantine(p_key text, p_cause text, p_repair text, p_replica text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgtenant.tenants
+       SET quarantine_cause = p_cause, quarantine_repair = p_repair, quarantined_at = now(),
+           owner = NULL, owner_incarnation = NULL
+     WHERE key = p_key;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, detail)
+    SELECT p_key, 'quarantined', t.epoch, p_replica, p_cause FROM pgtenant.tenants t WHERE t.key = p_key;
+END $$;
+
+-- Lets a quarantined tenant be opened again; false when it was not quarantined.
+CREATE FUNCTION pgtenant.clear_quarantine(p_key text, p_replica text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pgtenant.tenants
+       SET quarantine_cause = NULL, quarantine_repair = NULL, quarantined_at = NULL
+     WHERE key = p_key AND quarantine_cause IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id)
+    SELECT p_key, 'cleared', t.epoch, p_replica FROM pgtenant.tenants t WHERE t.key = p_key;
+    PERFORM pg_notify('pgtenant_free', p_key);
+    RETURN true;
 END $$;
 
 -- Ends a lease: clears the owner (optionally reserving the tenant for one replica for a short

@@ -192,6 +192,43 @@ pub enum Error {
     /// The router was closed.
     #[error("the router is closed")]
     RouterClosed,
+
+    /// The replica already serves as many tenants as `max_open_tenants` allows (counting those
+    /// opening and draining).
+    #[error("this replica is at capacity ({max} tenants, counting those opening and draining): hand some off or raise max_open_tenants")]
+    AtCapacity {
+        /// The configured maximum.
+        max: usize,
+    },
+
+    /// The tenant is being handed off by this replica: it takes no new work. Retryable (it will
+    /// be served by another replica, or again here if the handoff fails).
+    #[error("tenant {tenant} is being handed off by this replica; retry shortly")]
+    Draining {
+        /// The tenant.
+        tenant: String,
+    },
+
+    /// A handoff gave up waiting for work in flight; the tenant keeps being served here.
+    #[error("handoff of tenant {tenant} gave up after {timeout:?} with {in_flight} unit(s) of work still running; it keeps serving here")]
+    DrainTimeout {
+        /// The tenant.
+        tenant: String,
+        /// Work still running when the drain gave up.
+        in_flight: usize,
+        /// The drain timeout.
+        timeout: std::time::Duration,
+    },
+
+    /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
+    /// is released, never leaked. Retryable.
+    #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
+    OpenTimeout {
+        /// The tenant.
+        tenant: String,
+        /// The bound that was reached.
+        timeout: std::time::Duration,
+    },
 }
 
 impl Error {
@@ -201,7 +238,11 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Database { source, .. } => is_unavailable(source),
-            Error::Pool { .. } | Error::ExpiredLocally { .. } | Error::ReplicaDown { .. } => true,
+            Error::Pool { .. }
+            | Error::ExpiredLocally { .. }
+            | Error::ReplicaDown { .. }
+            | Error::Draining { .. }
+            | Error::OpenTimeout { .. } => true,
             _ => false,
         }
     }

@@ -68,4 +68,38 @@ pub enum Event {
         /// The epoch released.
         epoch: i64,
     },
+    /// A tenant was handed off after draining, free for the next owner (or reserved for one).
+    HandedOff {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch handed off.
+        epoch: i64,
+        /// The replica it is reserved for, for a directed handoff.
+        to: Option<String>,
+    },
+    /// A handoff gave up waiting for work in flight; the tenant keeps serving here.
+    DrainTimeout {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch.
+        epoch: i64,
+        /// Work still running.
+        in_flight: usize,
+    },
+    /// Another replica asked for one of this replica's tenants.
+    HandoffRequested {
+        /// The tenant key.
+        tenant: String,
+        /// The replica asking.
+        requester: String,
+        /// Whether the policy accepted it.
+        accepted: bool,
+    },
+    /// A tenant was quarantined: a failure caused by the tenant, kept until cleared.
+    Quarantined {
+        /// The tenant key.
+        tenant: String,
+        /// What failed.
+        cause: String,
+    },
 }

@@ -13,7 +13,6 @@ use tokio_postgres::Transaction;
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 use crate::event::Event;
 use crate::id::TenantId;
-use crate::liveness::millis;
 use crate::router::{pool_error, release_lease, Shared};
 
 /// A boxed, sendable future borrowing a transaction: what work passed to
@@ -21,8 +20,9 @@ use crate::router::{pool_error, release_lease, Shared};
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 const SERVING: u8 = 0;
-const RELEASED: u8 = 1;
-const LOST: u8 = 2;
+const DRAINING: u8 = 1;
+const RELEASED: u8 = 2;
+const LOST: u8 = 3;
 
 /// The first statement of every fenced transaction: the fence (row lock + epoch check) pins
 /// search_path for this transaction only, and an idle-in-transaction timeout bounds how long a
@@ -41,7 +41,6 @@ pub(crate) struct HandleInner {
     in_flight: AtomicUsize,
     idle: Notify,
     router: Arc<Shared>,
-    idle_timeout_ms: String,
 }
 
 impl HandleInner {
@@ -52,7 +51,6 @@ impl HandleInner {
         schema: String,
         router: Arc<Shared>,
     ) -> Self {
-        let idle_timeout_ms = millis(router.options.ttl).to_string();
         HandleInner {
             id,
             epoch,
@@ -62,7 +60,6 @@ impl HandleInner {
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             router,
-            idle_timeout_ms,
         }
     }
 
@@ -71,13 +68,19 @@ impl HandleInner {
             && self.router.liveness.incarnation() == self.incarnation
     }
 
+    pub(crate) fn is_draining(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DRAINING
+    }
+
+    fn transition(&self, from: u8, to: u8) -> bool {
+        self.state
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// Ends the tenure for good, once; reports it.
     pub(crate) fn mark_lost(self: &Arc<Self>, router: &Shared, reason: &str) {
-        if self
-            .state
-            .compare_exchange(SERVING, LOST, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
+        if self.transition(SERVING, LOST) || self.transition(DRAINING, LOST) {
             tracing::warn!(tenant = %self.id, epoch = self.epoch, reason, "lease lost");
             router.detach(self);
             router.emit(Event::Lost {
@@ -100,6 +103,11 @@ impl HandleInner {
     /// deadline not passed.
     fn admit(self: &Arc<Self>) -> Result<()> {
         match self.state.load(Ordering::Acquire) {
+            DRAINING => {
+                return Err(Error::Draining {
+                    tenant: self.id.key().to_owned(),
+                })
+            }
             RELEASED => return Err(self.lease_lost("released")),
             LOST => return Err(self.lease_lost("lost")),
             _ => {}
@@ -265,7 +273,7 @@ impl TenantHandle {
         let params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&key, Type::TEXT),
             (&inner.epoch, Type::INT8),
-            (&inner.idle_timeout_ms, Type::TEXT),
+            (&inner.router.idle_timeout_ms, Type::TEXT),
         ];
         let (outcome, fenced) = {
             let mut fence = pin!(tx.query_typed(sql, &params));
@@ -301,33 +309,77 @@ impl TenantHandle {
         }
     }
 
-    /// Stops taking new work, waits for the work in flight, then releases the lease. The next
-    /// owner sees everything this handle committed.
+    /// Stops taking new work, waits for the work in flight (however long), then releases the
+    /// lease. The next owner sees everything this handle committed.
     pub async fn release(&self) -> Result<()> {
-        if !self.stop_serving() {
+        if !self.inner.transition(SERVING, RELEASED) {
             return Ok(());
         }
         self.wait_idle().await;
-        self.give_back("released").await
+        self.give_back("released", None).await
+    }
+
+    /// Hands the tenant off: refuses new work ([`Error::Draining`]), waits up to the drain
+    /// timeout for the work in flight, then releases the lease and wakes replicas waiting for
+    /// it ([`Router::wait_for`](crate::Router::wait_for)). No data moves.
+    ///
+    /// # Errors
+    /// [`Error::DrainTimeout`] when work is still running at the deadline: the tenant keeps
+    /// serving here. [`Error::LeaseLost`] when the lease ended meanwhile.
+    pub async fn handoff(&self) -> Result<()> {
+        self.hand_over(None).await
+    }
+
+    /// Like [`TenantHandle::handoff`], and reserves the tenant for `replica` for the
+    /// reservation window, so no other replica takes it first.
+    pub async fn handoff_to(&self, replica: &str) -> Result<()> {
+        crate::options::validate_replica_id("replica", replica)?;
+        self.hand_over(Some(replica)).await
+    }
+
+    async fn hand_over(&self, to: Option<&str>) -> Result<()> {
+        let inner = &self.inner;
+        if !inner.transition(SERVING, DRAINING) {
+            return Err(match inner.state.load(Ordering::Acquire) {
+                DRAINING => Error::Draining {
+                    tenant: inner.id.key().to_owned(),
+                },
+                LOST => inner.lease_lost("lost"),
+                _ => inner.lease_lost("released"),
+            });
+        }
+        let timeout = inner.router.options.drain_timeout;
+        if tokio::time::timeout(timeout, self.wait_idle()).await.is_err() {
+            let in_flight = self.in_flight();
+            inner.router.emit(Event::DrainTimeout {
+                tenant: inner.id.key().to_owned(),
+                epoch: inner.epoch,
+                in_flight,
+            });
+            // A failed drain leaves the tenant serving, unless the lease ended meanwhile.
+            inner.transition(DRAINING, SERVING);
+            return Err(Error::DrainTimeout {
+                tenant: inner.id.key().to_owned(),
+                in_flight,
+                timeout,
+            });
+        }
+        if !inner.transition(DRAINING, RELEASED) {
+            return Err(inner.lease_lost("lost"));
+        }
+        self.give_back("handed_off", to).await
     }
 
     /// Stops serving at once and releases the lease without waiting for work in flight; that
     /// work either commits before the next owner's acquisition (which waits for it) or fails.
     pub async fn abandon(&self) -> Result<()> {
-        if !self.stop_serving() {
+        if !(self.inner.transition(SERVING, RELEASED) || self.inner.transition(DRAINING, RELEASED)) {
             return Ok(());
         }
-        self.give_back("released").await
+        self.give_back("released", None).await
     }
 
-    fn stop_serving(&self) -> bool {
-        self.inner
-            .state
-            .compare_exchange(SERVING, RELEASED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    async fn give_back(&self, event: &str) -> Result<()> {
+    async fn give_back(&self, event: &str, to: Option<&str>) -> Result<()> {
         let inner = &self.inner;
         let router = &inner.router;
         router.detach(inner);
@@ -343,20 +395,24 @@ impl TenantHandle {
             &router.options.replica_id,
             inner.incarnation,
             event,
+            to.map(|replica| (replica, router.options.reservation)),
         )
         .await?;
-        if released {
-            router.emit(Event::Released {
-                tenant: inner.id.key().to_owned(),
-                epoch: inner.epoch,
-            });
-        } else {
-            router.emit(Event::Lost {
-                tenant: inner.id.key().to_owned(),
-                epoch: inner.epoch,
+        let tenant = inner.id.key().to_owned();
+        let epoch = inner.epoch;
+        router.emit(match (released, event) {
+            (false, _) => Event::Lost {
+                tenant,
+                epoch,
                 reason: "already taken over when released".to_owned(),
-            });
-        }
+            },
+            (true, "handed_off") => Event::HandedOff {
+                tenant,
+                epoch,
+                to: to.map(str::to_owned),
+            },
+            (true, _) => Event::Released { tenant, epoch },
+        });
         Ok(())
     }
 }

@@ -40,8 +40,8 @@ pub use error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 pub use event::Event;
 pub use handle::{BoxFuture, TenantHandle};
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
-pub use options::{RouterOptions, MAX_TTL, MIN_TTL};
-pub use router::Router;
+pub use options::{HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
+pub use router::{CloseReport, Router, Summary, TenantStatus};
 /// Re-exported so applications use the same driver types pgtenant hands out.
 pub use tokio_postgres;
 

@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use crate::control_plane::LOCK_NAMESPACE;
 use crate::error::{Error, Result};
@@ -73,6 +73,18 @@ impl Liveness {
     }
 }
 
+/// A NOTIFY received on the lease session.
+#[derive(Debug, Clone)]
+pub(crate) struct Notice {
+    pub(crate) channel: String,
+    pub(crate) payload: String,
+}
+
+/// Channel on which releases announce a free tenant (payload: tenant key).
+pub(crate) const FREE_CHANNEL: &str = "pgtenant_free";
+/// Channel on which replicas ask an owner for a tenant (payload: JSON).
+pub(crate) const HANDOFF_CHANNEL: &str = "pgtenant_handoff";
+
 /// A registered lease session.
 pub(crate) struct LeaseSession {
     pub(crate) client: Client,
@@ -97,7 +109,12 @@ pub(crate) fn millis(duration: Duration) -> i32 {
 
 impl LeaseSession {
     /// Connects, takes the replica's liveness lock and registers a new incarnation.
-    pub(crate) async fn open(options: &RouterOptions) -> Result<LeaseSession> {
+    /// NOTIFYs on `pgtenant_free` and `pgtenant_handoff` are forwarded to `notices`: the lease
+    /// session is never pooled, so it can LISTEN without leaking session state.
+    pub(crate) async fn open(
+        options: &RouterOptions,
+        notices: broadcast::Sender<Notice>,
+    ) -> Result<LeaseSession> {
         let mut config = options.config.clone();
         let idle = options.keepalive_idle;
         config
@@ -109,14 +126,27 @@ impl LeaseSession {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
-        let (client, connection) = config
+        let (client, mut connection) = config
             .connect(NoTls)
             .await
             .map_err(Error::db("open the lease session"))?;
         let (tx, ended) = oneshot::channel();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "lease session ended");
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(note))) => {
+                        let _ = notices.send(Notice {
+                            channel: note.channel().to_owned(),
+                            payload: note.payload().to_owned(),
+                        });
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "lease session ended");
+                        break;
+                    }
+                    None => break,
+                }
             }
             let _ = tx.send(());
         });
@@ -126,7 +156,8 @@ impl LeaseSession {
         client
             .batch_execute(&format!(
                 "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
-                 SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0",
+                 SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0;
+                 LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}",
                 idle.as_secs().max(1)
             ))
             .await

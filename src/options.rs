@@ -26,6 +26,24 @@ pub struct RouterOptions {
     pub(crate) reconnect_backoff: (Duration, Duration),
     pub(crate) keepalive_idle: Duration,
     pub(crate) host: Option<String>,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) open_timeout: Duration,
+    pub(crate) max_open_tenants: usize,
+    pub(crate) close_concurrency: usize,
+    pub(crate) reservation: Duration,
+    pub(crate) handoff_policy: HandoffPolicy,
+}
+
+/// What the owner does when another replica asks for one of its tenants with
+/// [`Router::request_handoff`](crate::Router::request_handoff).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HandoffPolicy {
+    /// Hand it over at once, after draining the work in flight (the default).
+    #[default]
+    Accept,
+    /// Keep it; the requester's wait times out.
+    Refuse,
 }
 
 impl std::fmt::Debug for RouterOptions {
@@ -38,6 +56,27 @@ impl std::fmt::Debug for RouterOptions {
             .field("heartbeat_period", &self.effective_heartbeat_period())
             .finish_non_exhaustive()
     }
+}
+
+/// Replica ids: 1 to 63 ASCII letters, digits, `.`, `_`, `:` or `-`, starting with a letter or
+/// digit (the same rule as the `pgtenant.replicas` check constraint).
+pub(crate) fn validate_replica_id(option: &'static str, id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id.as_bytes()[0].is_ascii_alphanumeric()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+    if ok {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option,
+        reason: format!(
+            "{:?} must be 1 to 63 ASCII letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+            id.chars().take(70).collect::<String>()
+        ),
+    })
 }
 
 /// Shortest lease ttl: below this, scheduling jitter alone would expire leases.
@@ -62,6 +101,12 @@ impl RouterOptions {
             reconnect_backoff: (Duration::from_secs(1), Duration::from_secs(30)),
             keepalive_idle: Duration::from_secs(5),
             host: None,
+            drain_timeout: Duration::from_secs(30),
+            open_timeout: Duration::from_secs(30),
+            max_open_tenants: 100_000,
+            close_concurrency: 8,
+            reservation: Duration::from_secs(5),
+            handoff_policy: HandoffPolicy::Accept,
         }
     }
 
@@ -121,6 +166,45 @@ impl RouterOptions {
         self
     }
 
+    /// How long a handoff waits for work in flight before giving up and serving on
+    /// (default 30 s, range 1 ms..=1 h).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Bound on one open (default 30 s, range 1 ms..=1 h); a lease acquired after it is
+    /// released, not leaked.
+    pub fn open_timeout(mut self, timeout: Duration) -> Self {
+        self.open_timeout = timeout;
+        self
+    }
+
+    /// Most tenants served at once, counting those opening and draining (default 100 000).
+    pub fn max_open_tenants(mut self, max: usize) -> Self {
+        self.max_open_tenants = max;
+        self
+    }
+
+    /// Tenants handed off at once by [`Router::close`](crate::Router::close) (default 8).
+    pub fn close_concurrency(mut self, lanes: usize) -> Self {
+        self.close_concurrency = lanes;
+        self
+    }
+
+    /// How long a directed handoff keeps a tenant reserved for its target (default 5 s, range
+    /// 1 ms..=10 min).
+    pub fn reservation(mut self, window: Duration) -> Self {
+        self.reservation = window;
+        self
+    }
+
+    /// What to do when another replica requests one of this replica's tenants.
+    pub fn handoff_policy(mut self, policy: HandoffPolicy) -> Self {
+        self.handoff_policy = policy;
+        self
+    }
+
     /// A free-form host label recorded in `pgtenant.replicas` (default: `$HOSTNAME`).
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
@@ -138,22 +222,7 @@ impl RouterOptions {
     /// Every value in range, or the first one that is not, with its range.
     pub(crate) fn validate(&self) -> Result<()> {
         let invalid = |option, reason: String| Err(Error::InvalidOption { option, reason });
-        let id = &self.replica_id;
-        let id_ok = !id.is_empty()
-            && id.len() <= 63
-            && id.as_bytes()[0].is_ascii_alphanumeric()
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-        if !id_ok {
-            return invalid(
-                "replica_id",
-                format!(
-                    "{:?} must be 1 to 63 ASCII letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
-                    id.chars().take(70).collect::<String>()
-                ),
-            );
-        }
+        validate_replica_id("replica_id", &self.replica_id)?;
         if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
             return invalid(
                 "ttl",
@@ -191,6 +260,29 @@ impl RouterOptions {
             return invalid(
                 "reconnect_backoff",
                 format!("first {first:?} must be above zero and at most max {max:?}"),
+            );
+        }
+        let ms = Duration::from_millis(1);
+        let hour = Duration::from_secs(3600);
+        for (option, value, max) in [
+            ("drain_timeout", self.drain_timeout, hour),
+            ("open_timeout", self.open_timeout, hour),
+            ("reservation", self.reservation, Duration::from_secs(600)),
+        ] {
+            if value < ms || value > max {
+                return invalid(option, format!("{value:?} is outside {ms:?}..={max:?}"));
+            }
+        }
+        if !(1..=10_000_000).contains(&self.max_open_tenants) {
+            return invalid(
+                "max_open_tenants",
+                format!("{} is outside 1..=10000000", self.max_open_tenants),
+            );
+        }
+        if !(1..=1024).contains(&self.close_concurrency) {
+            return invalid(
+                "close_concurrency",
+                format!("{} is outside 1..=1024", self.close_concurrency),
             );
         }
         if self.config.get_hosts().is_empty() {

@@ -18,7 +18,8 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{HandleInner, TenantHandle};
 use crate::id::TenantId;
-use crate::liveness::{heartbeat, LeaseSession, Liveness};
+use crate::liveness::{heartbeat, millis, LeaseSession, Liveness, Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
+use crate::options::{validate_replica_id, HandoffPolicy};
 use crate::options::RouterOptions;
 
 /// Events buffered per subscriber before it starts missing them.
@@ -39,7 +40,7 @@ const EVENT_BUFFER: usize = 1024;
 ///         Ok::<_, pgtenant::Error>(())
 ///     }))
 ///     .await?;
-/// router.close().await?;
+/// router.close().await;
 /// # Ok(()) }
 /// ```
 pub struct Router {
@@ -52,10 +53,79 @@ pub(crate) struct Shared {
     pub(crate) options: RouterOptions,
     pub(crate) pool: Pool,
     pub(crate) liveness: Liveness,
+    /// `idle_in_transaction_session_timeout` for fenced transactions: one ttl, as text.
+    pub(crate) idle_timeout_ms: String,
     events: broadcast::Sender<Event>,
+    notices: broadcast::Sender<Notice>,
+    /// Tenants served or draining here.
     handles: Mutex<HashMap<String, Arc<HandleInner>>>,
+    /// Tenants being acquired, one gate per tenant so concurrent opens share one acquisition.
     opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     closed: AtomicBool,
+}
+
+/// What [`Router::close`] did.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct CloseReport {
+    /// Tenants handed off.
+    pub handed_off: Vec<TenantId>,
+    /// Tenants whose handoff failed, with why (a drain timeout, a lost lease, the database).
+    /// Their leases ended with the replica's liveness lock all the same.
+    pub failed: Vec<(TenantId, Error)>,
+}
+
+/// A tenant as the control plane and this replica see it, for status endpoints.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct TenantStatus {
+    /// The tenant key.
+    pub tenant: String,
+    /// `held`, `stalled`, `expired`, `free`, `reserved`, `quarantined`, `forgotten`, or
+    /// `absent` when the control plane has never seen it.
+    pub state: String,
+    /// The owner replica.
+    pub owner: Option<String>,
+    /// The current epoch.
+    pub epoch: i64,
+    /// Whether the owner is alive.
+    pub owner_alive: Option<bool>,
+    /// Milliseconds left on the owner's heartbeat.
+    pub expires_in_ms: Option<i64>,
+    /// The live schema.
+    pub schema: Option<String>,
+    /// The tenant's migration version.
+    pub version: i32,
+    /// Why it is quarantined.
+    pub quarantine_cause: Option<String>,
+    /// What to do about it.
+    pub quarantine_repair: Option<String>,
+    /// This replica's view: `serving` or `draining` when it holds the tenant.
+    pub here: Option<&'static str>,
+    /// Work in flight here.
+    pub in_flight: usize,
+}
+
+/// This replica at a glance, from memory only (no database call): for health endpoints.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct Summary {
+    /// The replica id.
+    pub replica_id: String,
+    /// The current incarnation; None while re-registering.
+    pub incarnation: Option<i64>,
+    /// Whether handles accept work now (registered and within the local deadline).
+    pub serving: bool,
+    /// Tenants served.
+    pub open: usize,
+    /// Tenants being handed off.
+    pub draining: usize,
+    /// Tenants being acquired.
+    pub opening: usize,
+    /// Work in flight over all tenants.
+    pub in_flight: usize,
+    /// Whether close() was called.
+    pub closed: bool,
 }
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it: the maps it guards
@@ -115,13 +185,16 @@ impl Router {
                 .map_err(pool_error("check the control plane"))?;
             ensure_current(&client).await?;
         }
-        let session = LeaseSession::open(&options).await?;
+        let (notices, _) = broadcast::channel(EVENT_BUFFER);
+        let session = LeaseSession::open(&options, notices.clone()).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let shared = Arc::new(Shared {
+            idle_timeout_ms: millis(options.ttl).to_string(),
             options,
             pool,
             liveness: Liveness::new(),
             events,
+            notices,
             handles: Mutex::new(HashMap::new()),
             opening: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
@@ -129,6 +202,10 @@ impl Router {
         begin_incarnation(&shared, &session);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("pgtenant.heartbeat", replica = %shared.options.replica_id);
+        tokio::spawn(serve_handoff_requests(
+            Arc::downgrade(&shared),
+            shared.notices.subscribe(),
+        ));
         let maintenance =
             tokio::spawn(maintain(shared.clone(), session, shutdown_rx).instrument(span));
         Ok(Router {
@@ -176,11 +253,14 @@ impl Router {
     }
 
     /// Opens an existing tenant: acquires its lease (bumping the epoch) unless this replica
-    /// already serves it. Concurrent opens of one tenant share one acquisition.
+    /// already serves it. Concurrent opens of one tenant share one acquisition; the whole open
+    /// is bounded by the open timeout, and a lease acquired after it is released.
     ///
     /// # Errors
     /// [`Error::LeaseHeld`] when another live replica owns it, [`Error::TenantNotFound`],
-    /// [`Error::Quarantined`], [`Error::ReplicaDown`] (retryable), [`Error::RouterClosed`].
+    /// [`Error::Quarantined`], [`Error::Draining`], [`Error::AtCapacity`],
+    /// [`Error::OpenTimeout`], [`Error::ReplicaDown`], [`Error::RouterClosed`]; database errors
+    /// ([`Error::is_retryable`] tells an unavailable database).
     pub async fn open(&self, id: &TenantId) -> Result<TenantHandle> {
         self.acquire(id, false).await
     }
@@ -191,24 +271,49 @@ impl Router {
         self.acquire(id, true).await
     }
 
-    #[instrument(skip_all, fields(tenant = %id, epoch = tracing::field::Empty))]
+    /// Serving here already, draining here, or None.
+    fn local(&self, id: &TenantId) -> Option<Result<TenantHandle>> {
+        let handles = lock(&self.shared.handles);
+        let inner = handles.get(id.key())?;
+        if inner.is_serving() {
+            Some(Ok(TenantHandle::from_inner(inner.clone())))
+        } else if inner.is_draining() {
+            Some(Err(Error::Draining {
+                tenant: id.key().to_owned(),
+            }))
+        } else {
+            None
+        }
+    }
+
+    #[instrument(skip_all, fields(tenant = %id))]
     async fn acquire(&self, id: &TenantId, create: bool) -> Result<TenantHandle> {
         let shared = &self.shared;
         if shared.closed.load(Ordering::Acquire) {
             return Err(Error::RouterClosed);
         }
-        if let Some(handle) = self.handle_of(id) {
-            return Ok(handle);
+        if let Some(found) = self.local(id) {
+            return found;
         }
-        let gate = lock(&shared.opening)
-            .entry(id.key().to_owned())
-            .or_default()
-            .clone();
-        let _turn = gate.lock().await;
-        let result = match self.handle_of(id) {
-            Some(handle) => Ok(handle),
-            None => self.acquire_now(id, create).await,
+        let gate = {
+            let mut opening = lock(&shared.opening);
+            match opening.get(id.key()) {
+                Some(gate) => gate.clone(),
+                None => {
+                    let max = shared.options.max_open_tenants;
+                    if lock(&shared.handles).len() + opening.len() >= max {
+                        return Err(Error::AtCapacity { max });
+                    }
+                    opening.entry(id.key().to_owned()).or_default().clone()
+                }
+            }
         };
+        let turn = gate.lock().await;
+        let result = match self.local(id) {
+            Some(found) => found,
+            None => self.acquire_bounded(id, create).await,
+        };
+        drop(turn);
         {
             let mut opening = lock(&shared.opening);
             // The last one through removes the gate; a waiter still holds a clone otherwise.
@@ -219,98 +324,356 @@ impl Router {
         result
     }
 
-    async fn acquire_now(&self, id: &TenantId, create: bool) -> Result<TenantHandle> {
-        let shared = &self.shared;
-        let replica = &shared.options.replica_id;
-        let incarnation = shared.liveness.incarnation();
-        if incarnation == 0 {
-            return Err(Error::ReplicaDown {
-                replica_id: replica.clone(),
-            });
-        }
-        let mut client = shared
-            .pool
-            .get()
-            .await
-            .map_err(pool_error("acquire a lease"))?;
-        let row = client
-            .query_typed_one(
-                "SELECT epoch, schema_name, previous_owner, took_over FROM pgtenant.acquire($1, $2, $3, $4, $5, $6)",
-                &[
-                    (&id.key(), Type::TEXT),
-                    (&id.organization(), Type::TEXT),
-                    (&id.ledger(), Type::TEXT),
-                    (replica, Type::TEXT),
-                    (&incarnation, Type::INT8),
-                    (&create, Type::BOOL),
-                ],
-            )
-            .await
-            .map_err(|e| acquire_error(id, replica, e))?;
-        let epoch: i64 = row.get(0);
-        let schema: Option<String> = row.get(1);
-        let previous: Option<String> = row.get(2);
-        let took_over: Option<String> = row.get(3);
-        tracing::Span::current().record("epoch", epoch);
-        let schema = match schema {
-            Some(schema) => schema,
-            None => {
-                let schema = id.schema_name(epoch);
-                if let Err(error) =
-                    create_schema(&mut client, id, epoch, replica, incarnation, &schema).await
-                {
-                    let _ =
-                        release_lease(&client, id, epoch, replica, incarnation, "released").await;
-                    return Err(error);
+    /// Runs the acquisition in its own task so that a timeout (or a caller that stops
+    /// waiting) cannot strand a lease: a late success finds nobody to take it and releases it.
+    async fn acquire_bounded(&self, id: &TenantId, create: bool) -> Result<TenantHandle> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (shared, task_id) = (self.shared.clone(), id.clone());
+        tokio::spawn(
+            async move {
+                let result = acquire_now(&shared, &task_id, create).await;
+                if let Err(Ok(late)) = tx.send(result) {
+                    info!("open gave up before the lease arrived: releasing it");
+                    let _ = late.abandon().await;
                 }
-                shared.emit(Event::Created {
-                    tenant: id.key().to_owned(),
-                    epoch,
-                    schema: schema.clone(),
-                });
-                schema
             }
-        };
-        drop(client);
-        let inner = Arc::new(HandleInner::new(
-            id.clone(),
-            epoch,
-            incarnation,
-            schema,
-            shared.clone(),
-        ));
-        lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
-        info!(epoch, took_over = ?took_over, "acquired");
-        shared.emit(Event::Acquired {
-            tenant: id.key().to_owned(),
-            epoch,
-            took_over_from: took_over.and(previous),
-        });
-        // Closed while acquiring: give it straight back rather than leak it.
-        if shared.closed.load(Ordering::Acquire) {
-            let handle = TenantHandle::from_inner(inner);
-            let _ = handle.abandon().await;
-            return Err(Error::RouterClosed);
+            .in_current_span(),
+        );
+        let timeout = self.shared.options.open_timeout;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(result)) => result,
+            // The task ended without answering: it panicked.
+            Ok(Err(_)) => Err(Error::OpenTimeout {
+                tenant: id.key().to_owned(),
+                timeout,
+            }),
+            Err(_) => Err(Error::OpenTimeout {
+                tenant: id.key().to_owned(),
+                timeout,
+            }),
         }
-        Ok(TenantHandle::from_inner(inner))
     }
 
-    /// Releases every tenant this replica serves (each after its in-flight work), then
-    /// deregisters the replica and ends its lease session. Idempotent.
-    pub async fn close(&self) -> Result<()> {
-        self.shared.closed.store(true, Ordering::Release);
-        let handles: Vec<Arc<HandleInner>> = lock(&self.shared.handles).values().cloned().collect();
-        for handle in handles {
-            if let Err(error) = TenantHandle::from_inner(handle).release().await {
-                warn!(%error, "release on close failed; the lease expires with the replica");
+    /// Waits until the tenant is free, then opens it (an existing tenant, like
+    /// [`Router::open`]). Wakes on the release's NOTIFY or, for an owner that died or stalled
+    /// without releasing, at its expiry; retries an unavailable database with backoff (1 s
+    /// doubling to 30 s). Gives up with [`Error::OpenTimeout`] after `timeout`.
+    pub async fn wait_for(&self, id: &TenantId, timeout: Duration) -> Result<TenantHandle> {
+        let deadline = Instant::now() + timeout;
+        let mut notices = self.shared.notices.subscribe();
+        let (first, max) = self.shared.options.reconnect_backoff;
+        let mut backoff = first;
+        loop {
+            let pause = match self.open(id).await {
+                Ok(handle) => return Ok(handle),
+                Err(Error::LeaseHeld { expires_in, .. }) => {
+                    expires_in.unwrap_or(self.shared.options.ttl) + Duration::from_millis(5)
+                }
+                Err(error) if error.is_retryable() => {
+                    let pause = backoff;
+                    backoff = (backoff * 2).min(max);
+                    pause
+                }
+                Err(error) => return Err(error),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::OpenTimeout {
+                    tenant: id.key().to_owned(),
+                    timeout,
+                });
+            }
+            let wake = (now + pause).min(deadline);
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(wake.into()) => break,
+                    notice = notices.recv() => match notice {
+                        Ok(n) if n.channel == FREE_CHANNEL && n.payload == id.key() => break,
+                        Ok(_) => continue,
+                        // Missed some: the one we wait for may be among them.
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    },
+                }
             }
         }
+    }
+
+    /// Asks the tenant's owner to hand it over to this replica (the owner decides by its
+    /// [`HandoffPolicy`]; the default hands over at once, after draining) and waits for it
+    /// like [`Router::wait_for`].
+    pub async fn request_handoff(&self, id: &TenantId, timeout: Duration) -> Result<TenantHandle> {
+        if let Some(found) = self.local(id) {
+            return found;
+        }
+        let client = self.shared.pool.get().await.map_err(pool_error("request a handoff"))?;
+        let payload = serde_json::json!({
+            "tenant": id.key(),
+            "requester": self.shared.options.replica_id,
+        })
+        .to_string();
+        client
+            .execute("SELECT pg_notify($1, $2)", &[&HANDOFF_CHANNEL, &payload])
+            .await
+            .map_err(Error::db(format!("request a handoff of tenant {id}")))?;
+        drop(client);
+        self.wait_for(id, timeout).await
+    }
+
+    /// Clears a tenant's quarantine so it can be opened again; false when it was not
+    /// quarantined.
+    pub async fn clear_quarantine(&self, id: &TenantId) -> Result<bool> {
+        let client = self.shared.pool.get().await.map_err(pool_error("clear a quarantine"))?;
+        client
+            .query_one(
+                "SELECT pgtenant.clear_quarantine($1, $2)",
+                &[&id.key(), &self.shared.options.replica_id],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::db(format!("clear the quarantine of tenant {id}")))
+    }
+
+    /// One tenant as the control plane sees it, with this replica's own view.
+    pub async fn status(&self, id: &TenantId) -> Result<TenantStatus> {
+        let client = self.shared.pool.get().await.map_err(pool_error("read a tenant's status"))?;
+        let row = client
+            .query_opt(
+                "SELECT state, owner, epoch, owner_alive,
+                        (extract(epoch FROM expires_in) * 1000)::bigint, schema, version,
+                        quarantine_cause, quarantine_repair
+                   FROM pgtenant.lease_status WHERE tenant = $1",
+                &[&id.key()],
+            )
+            .await
+            .map_err(Error::db(format!("read the status of tenant {id}")))?;
+        let local = lock(&self.shared.handles).get(id.key()).cloned();
+        let here = local.as_ref().and_then(|h| {
+            if h.is_serving() {
+                Some("serving")
+            } else if h.is_draining() {
+                Some("draining")
+            } else {
+                None
+            }
+        });
+        let in_flight = local.map(|h| TenantHandle::from_inner(h).in_flight()).unwrap_or(0);
+        Ok(match row {
+            Some(row) => TenantStatus {
+                tenant: id.key().to_owned(),
+                state: row.get(0),
+                owner: row.get(1),
+                epoch: row.get(2),
+                owner_alive: row.get(3),
+                expires_in_ms: row.get(4),
+                schema: row.get(5),
+                version: row.get(6),
+                quarantine_cause: row.get(7),
+                quarantine_repair: row.get(8),
+                here,
+                in_flight,
+            },
+            None => TenantStatus {
+                tenant: id.key().to_owned(),
+                state: "absent".to_owned(),
+                owner: None,
+                epoch: 0,
+                owner_alive: None,
+                expires_in_ms: None,
+                schema: None,
+                version: 0,
+                quarantine_cause: None,
+                quarantine_repair: None,
+                here,
+                in_flight,
+            },
+        })
+    }
+
+    /// This replica at a glance, from memory (no database call).
+    pub fn summary(&self) -> Summary {
+        let shared = &self.shared;
+        let handles = lock(&shared.handles);
+        let incarnation = self.incarnation();
+        Summary {
+            replica_id: shared.options.replica_id.clone(),
+            incarnation,
+            serving: incarnation.is_some() && shared.liveness.within_deadline(),
+            open: handles.values().filter(|h| h.is_serving()).count(),
+            draining: handles.values().filter(|h| h.is_draining()).count(),
+            opening: lock(&shared.opening).len(),
+            in_flight: handles
+                .values()
+                .map(|h| TenantHandle::from_inner(h.clone()).in_flight())
+                .sum(),
+            closed: shared.closed.load(Ordering::Acquire),
+        }
+    }
+
+    /// Refuses new opens, hands off every tenant `close_concurrency` at a time (a stuck tenant
+    /// holds one lane for at most the drain timeout), then deregisters the replica and ends its
+    /// lease session, which frees its liveness lock. Idempotent: a second call reports nothing.
+    pub async fn close(&self) -> CloseReport {
+        self.shared.closed.store(true, Ordering::Release);
+        let queue: Vec<Arc<HandleInner>> = lock(&self.shared.handles).values().cloned().collect();
+        let queue = Mutex::new(queue.into_iter());
+        let report = Mutex::new(CloseReport::default());
+        let lanes = self.shared.options.close_concurrency;
+        let lane = || async {
+            loop {
+                let next = lock(&queue).next();
+                let Some(inner) = next else { return };
+                let id = inner.id.clone();
+                match TenantHandle::from_inner(inner).handoff().await {
+                    Ok(()) => lock(&report).handed_off.push(id),
+                    Err(error) => {
+                        warn!(tenant = %id, %error, "handoff on close failed");
+                        lock(&report).failed.push((id, error));
+                    }
+                }
+            }
+        };
+        futures_join_all((0..lanes).map(|_| lane())).await;
         let _ = self.shutdown.send(true);
         let task = lock(&self.maintenance).take();
         if let Some(task) = task {
             let _ = task.await;
         }
-        Ok(())
+        report.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Runs futures concurrently on this task and waits for all (no extra dependency for it).
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
+    let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Acquires the lease and registers the handle. Runs in its own task (see acquire_bounded).
+async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<TenantHandle> {
+    let replica = &shared.options.replica_id;
+    let incarnation = shared.liveness.incarnation();
+    if incarnation == 0 {
+        return Err(Error::ReplicaDown {
+            replica_id: replica.clone(),
+        });
+    }
+    let mut client = shared.pool.get().await.map_err(pool_error("acquire a lease"))?;
+    let row = client
+        .query_typed_one(
+            "SELECT epoch, schema_name, previous_owner, took_over, quarantine
+               FROM pgtenant.acquire($1, $2, $3, $4, $5, $6)",
+            &[
+                (&id.key(), Type::TEXT),
+                (&id.organization(), Type::TEXT),
+                (&id.ledger(), Type::TEXT),
+                (replica, Type::TEXT),
+                (&incarnation, Type::INT8),
+                (&create, Type::BOOL),
+            ],
+        )
+        .await
+        .map_err(|e| acquire_error(id, replica, e))?;
+    let epoch: i64 = row.get(0);
+    let schema: Option<String> = row.get(1);
+    let previous: Option<String> = row.get(2);
+    let took_over: Option<String> = row.get(3);
+    if let Some(cause) = row.get::<_, Option<String>>(4) {
+        warn!(%cause, "tenant quarantined");
+        shared.emit(Event::Quarantined {
+            tenant: id.key().to_owned(),
+            cause: cause.clone(),
+        });
+        return Err(Error::Quarantined {
+            tenant: id.key().to_owned(),
+            cause,
+            repair: "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine".to_owned(),
+        });
+    }
+    tracing::Span::current().record("epoch", epoch);
+    let schema = match schema {
+        Some(schema) => schema,
+        None => {
+            let schema = id.schema_name(epoch);
+            if let Err(error) = create_schema(&mut client, id, epoch, replica, incarnation, &schema).await {
+                let _ = release_lease(&client, id, epoch, replica, incarnation, "released", None).await;
+                return Err(error);
+            }
+            shared.emit(Event::Created {
+                tenant: id.key().to_owned(),
+                epoch,
+                schema: schema.clone(),
+            });
+            schema
+        }
+    };
+    drop(client);
+    let inner = Arc::new(HandleInner::new(id.clone(), epoch, incarnation, schema, shared.clone()));
+    lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
+    info!(epoch, took_over = ?took_over, "acquired");
+    shared.emit(Event::Acquired {
+        tenant: id.key().to_owned(),
+        epoch,
+        took_over_from: took_over.and(previous),
+    });
+    let handle = TenantHandle::from_inner(inner);
+    // Closed while acquiring: give it straight back rather than leak it.
+    if shared.closed.load(Ordering::Acquire) {
+        let _ = handle.abandon().await;
+        return Err(Error::RouterClosed);
+    }
+    Ok(handle)
+}
+
+/// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
+/// weak reference so it ends with the router.
+async fn serve_handoff_requests(shared: std::sync::Weak<Shared>, mut notices: broadcast::Receiver<Notice>) {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        tenant: String,
+        requester: String,
+    }
+    loop {
+        let notice = match notices.recv().await {
+            Ok(notice) => notice,
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        if notice.channel != HANDOFF_CHANNEL {
+            continue;
+        }
+        let Some(shared) = shared.upgrade() else { return };
+        let Ok(request) = serde_json::from_str::<Request>(&notice.payload) else {
+            continue;
+        };
+        if validate_replica_id("requester", &request.requester).is_err() {
+            continue;
+        }
+        let Some(inner) = lock(&shared.handles).get(&request.tenant).filter(|h| h.is_serving()).cloned() else {
+            continue;
+        };
+        let accepted = shared.options.handoff_policy == HandoffPolicy::Accept;
+        shared.emit(Event::HandoffRequested {
+            tenant: request.tenant.clone(),
+            requester: request.requester.clone(),
+            accepted,
+        });
+        if accepted {
+            tokio::spawn(async move {
+                let handle = TenantHandle::from_inner(inner);
+                if let Err(error) = handle.handoff_to(&request.requester).await {
+                    warn!(tenant = %request.tenant, %error, "requested handoff failed");
+                }
+            });
+        }
     }
 }
 
@@ -457,7 +820,8 @@ async fn create_schema(
     tx.commit().await.map_err(Error::db(context()))
 }
 
-/// Clears the owner; false when the lease was no longer held.
+/// Clears the owner, optionally reserving the tenant for `reserve_for`; false when the lease
+/// was no longer held.
 pub(crate) async fn release_lease(
     client: &tokio_postgres::Client,
     id: &TenantId,
@@ -465,16 +829,21 @@ pub(crate) async fn release_lease(
     replica: &str,
     incarnation: i64,
     event: &str,
+    reserve: Option<(&str, Duration)>,
 ) -> Result<bool> {
+    let reserve_for = reserve.map(|(replica, _)| replica);
+    let window = reserve.map(|(_, window)| millis(window));
     client
         .query_typed_one(
-            "SELECT pgtenant.release($1, $2, $3, $4, $5, NULL, NULL)",
+            "SELECT pgtenant.release($1, $2, $3, $4, $5, $6, $7)",
             &[
                 (&id.key(), Type::TEXT),
                 (&epoch, Type::INT8),
                 (&replica, Type::TEXT),
                 (&incarnation, Type::INT8),
                 (&event, Type::TEXT),
+                (&reserve_for, Type::TEXT),
+                (&window, Type::INT4),
             ],
         )
         .await
@@ -529,7 +898,7 @@ async fn maintain(
             if *shutdown.borrow() {
                 return;
             }
-            match LeaseSession::open(&shared.options).await {
+            match LeaseSession::open(&shared.options, shared.notices.clone()).await {
                 Ok(session) => break session,
                 Err(error) => {
                     warn!(%error, retry_in = ?delay, "re-registration failed");

@@ -34,8 +34,8 @@ async fn two_replicas_race_for_a_tenant_100_times_and_exactly_one_wins() {
             other => panic!("round {round}: expected LeaseHeld, got {other}"),
         }
     }
-    a.close().await.unwrap();
-    b.close().await.unwrap();
+    a.close().await;
+    b.close().await;
 }
 
 #[tokio::test]
@@ -90,7 +90,7 @@ async fn epochs_strictly_increase_across_1000_random_acquisitions_by_three_repli
         .get(0);
     assert_eq!(violations, 0);
     for r in &routers {
-        r.close().await.unwrap();
+        r.close().await;
     }
 }
 
@@ -128,13 +128,13 @@ async fn a_second_live_process_with_the_same_replica_id_is_refused_with_the_hold
         "{error}"
     );
     let incarnation = first.incarnation().unwrap();
-    first.close().await.unwrap();
+    first.close().await;
     let again = router(db.url(), "twin").await;
     assert!(
         again.incarnation().unwrap() > incarnation,
         "a restart is a new incarnation"
     );
-    again.close().await.unwrap();
+    again.close().await;
 }
 
 #[tokio::test]
@@ -288,7 +288,7 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
         rows, 0,
         "nothing of the failed, cancelled or panicked work committed"
     );
-    router.close().await.unwrap();
+    router.close().await;
 }
 
 /// G3 enforced by PostgreSQL: a transaction that passed every local check, but reaches the
@@ -351,7 +351,7 @@ async fn a_stale_epoch_is_refused_by_the_database_itself() {
         .await
         .expect_err("stale epoch");
     assert_eq!(error.code().unwrap().code(), pgtenant::SQLSTATE_FENCED);
-    new.close().await.unwrap();
+    new.close().await;
 }
 
 /// Retries an open until the holder's lease has expired by the database clock, sleeping for the
@@ -429,8 +429,8 @@ async fn an_owners_in_flight_commit_lands_before_the_contenders_epoch() {
         append(&handle, "owner", 2).await,
         Err(Error::LeaseLost { .. })
     ));
-    owner.close().await.unwrap();
-    contender.close().await.unwrap();
+    owner.close().await;
+    contender.close().await;
 }
 
 #[tokio::test]
@@ -476,7 +476,7 @@ async fn failing_heartbeats_stop_handles_locally_and_a_later_heartbeat_resumes_t
     append(&handle, "lapse", 1000)
         .await
         .expect("serving again after the resume");
-    router.close().await.unwrap();
+    router.close().await;
 }
 
 #[tokio::test]
@@ -538,5 +538,5 @@ async fn a_terminated_lease_session_loses_every_lease_and_the_replica_registers_
         .await
         .unwrap();
     assert_eq!(acked, 20, "every acknowledged write is present");
-    router.close().await.unwrap();
+    router.close().await;
 }

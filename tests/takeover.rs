@@ -72,7 +72,7 @@ async fn a_killed_owner_is_taken_over_at_once_and_nothing_acknowledged_is_lost()
         count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'killed'").await,
         10
     );
-    survivor.close().await.unwrap();
+    survivor.close().await;
 }
 
 #[tokio::test]
@@ -126,7 +126,7 @@ async fn a_paused_owner_is_taken_over_after_expiry_and_its_late_write_is_refused
         count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'paused'").await,
         1
     );
-    other.close().await.unwrap();
+    other.close().await;
 }
 
 /// The test kit's own throwaway cluster, never the shared service, is restarted under load.
@@ -214,7 +214,7 @@ async fn a_database_restart_mid_load_loses_nothing_acknowledged() {
         .unwrap();
     let missing: Vec<_> = acked.difference(&present).collect();
     assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
-    router.close().await.unwrap();
+    router.close().await;
 }
 
 /// Several replica processes append (tenant, epoch, seq) rows while they are killed and paused
@@ -342,5 +342,5 @@ async fn history_checker_under_random_kills_and_pauses() {
         total > 0 && kills + pauses > 0,
         "the run exercised writes and faults"
     );
-    checker.close().await.unwrap();
+    checker.close().await;
 }

@@ -361,7 +361,7 @@ async fn demo(url: &str) -> pgtenant::Result<()> {
     }
     taken.release().await?;
     say("replica-b released the tenant");
-    b.close().await?;
+    b.close().await;
     say("replica-b closed");
     Ok(())
 }
