@@ -68,6 +68,15 @@ pub enum Event {
         /// The epoch released.
         epoch: i64,
     },
+    /// A handoff began: the tenant refuses new work while the work in flight finishes.
+    Draining {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch.
+        epoch: i64,
+        /// Work in flight when the drain began.
+        in_flight: usize,
+    },
     /// A tenant was handed off after draining, free for the next owner (or reserved for one).
     HandedOff {
         /// The tenant key.

@@ -348,8 +348,16 @@ impl TenantHandle {
                 _ => inner.lease_lost("released"),
             });
         }
+        inner.router.emit(Event::Draining {
+            tenant: inner.id.key().to_owned(),
+            epoch: inner.epoch,
+            in_flight: self.in_flight(),
+        });
         let timeout = inner.router.options.drain_timeout;
-        if tokio::time::timeout(timeout, self.wait_idle()).await.is_err() {
+        if tokio::time::timeout(timeout, self.wait_idle())
+            .await
+            .is_err()
+        {
             let in_flight = self.in_flight();
             inner.router.emit(Event::DrainTimeout {
                 tenant: inner.id.key().to_owned(),
@@ -373,7 +381,8 @@ impl TenantHandle {
     /// Stops serving at once and releases the lease without waiting for work in flight; that
     /// work either commits before the next owner's acquisition (which waits for it) or fails.
     pub async fn abandon(&self) -> Result<()> {
-        if !(self.inner.transition(SERVING, RELEASED) || self.inner.transition(DRAINING, RELEASED)) {
+        if !(self.inner.transition(SERVING, RELEASED) || self.inner.transition(DRAINING, RELEASED))
+        {
             return Ok(());
         }
         self.give_back("released", None).await

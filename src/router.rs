@@ -18,9 +18,11 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{HandleInner, TenantHandle};
 use crate::id::TenantId;
-use crate::liveness::{heartbeat, millis, LeaseSession, Liveness, Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
-use crate::options::{validate_replica_id, HandoffPolicy};
+use crate::liveness::{
+    heartbeat, millis, LeaseSession, Liveness, Notice, FREE_CHANNEL, HANDOFF_CHANNEL,
+};
 use crate::options::RouterOptions;
+use crate::options::{validate_replica_id, HandoffPolicy};
 
 /// Events buffered per subscriber before it starts missing them.
 const EVENT_BUFFER: usize = 1024;
@@ -406,7 +408,12 @@ impl Router {
         if let Some(found) = self.local(id) {
             return found;
         }
-        let client = self.shared.pool.get().await.map_err(pool_error("request a handoff"))?;
+        let client = self
+            .shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("request a handoff"))?;
         let payload = serde_json::json!({
             "tenant": id.key(),
             "requester": self.shared.options.replica_id,
@@ -423,7 +430,12 @@ impl Router {
     /// Clears a tenant's quarantine so it can be opened again; false when it was not
     /// quarantined.
     pub async fn clear_quarantine(&self, id: &TenantId) -> Result<bool> {
-        let client = self.shared.pool.get().await.map_err(pool_error("clear a quarantine"))?;
+        let client = self
+            .shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("clear a quarantine"))?;
         client
             .query_one(
                 "SELECT pgtenant.clear_quarantine($1, $2)",
@@ -436,7 +448,12 @@ impl Router {
 
     /// One tenant as the control plane sees it, with this replica's own view.
     pub async fn status(&self, id: &TenantId) -> Result<TenantStatus> {
-        let client = self.shared.pool.get().await.map_err(pool_error("read a tenant's status"))?;
+        let client = self
+            .shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("read a tenant's status"))?;
         let row = client
             .query_opt(
                 "SELECT state, owner, epoch, owner_alive,
@@ -457,7 +474,9 @@ impl Router {
                 None
             }
         });
-        let in_flight = local.map(|h| TenantHandle::from_inner(h).in_flight()).unwrap_or(0);
+        let in_flight = local
+            .map(|h| TenantHandle::from_inner(h).in_flight())
+            .unwrap_or(0);
         Ok(match row {
             Some(row) => TenantStatus {
                 tenant: id.key().to_owned(),
@@ -514,7 +533,9 @@ impl Router {
     /// holds one lane for at most the drain timeout), then deregisters the replica and ends its
     /// lease session, which frees its liveness lock. Idempotent: a second call reports nothing.
     pub async fn close(&self) -> CloseReport {
-        self.shared.closed.store(true, Ordering::Release);
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
+            return CloseReport::default();
+        }
         let queue: Vec<Arc<HandleInner>> = lock(&self.shared.handles).values().cloned().collect();
         let queue = Mutex::new(queue.into_iter());
         let report = Mutex::new(CloseReport::default());
@@ -539,7 +560,9 @@ impl Router {
         if let Some(task) = task {
             let _ = task.await;
         }
-        report.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner())
+        report
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -566,7 +589,11 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
             replica_id: replica.clone(),
         });
     }
-    let mut client = shared.pool.get().await.map_err(pool_error("acquire a lease"))?;
+    let mut client = shared
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("acquire a lease"))?;
     let row = client
         .query_typed_one(
             "SELECT epoch, schema_name, previous_owner, took_over, quarantine
@@ -603,8 +630,11 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         Some(schema) => schema,
         None => {
             let schema = id.schema_name(epoch);
-            if let Err(error) = create_schema(&mut client, id, epoch, replica, incarnation, &schema).await {
-                let _ = release_lease(&client, id, epoch, replica, incarnation, "released", None).await;
+            if let Err(error) =
+                create_schema(&mut client, id, epoch, replica, incarnation, &schema).await
+            {
+                let _ =
+                    release_lease(&client, id, epoch, replica, incarnation, "released", None).await;
                 return Err(error);
             }
             shared.emit(Event::Created {
@@ -616,7 +646,13 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         }
     };
     drop(client);
-    let inner = Arc::new(HandleInner::new(id.clone(), epoch, incarnation, schema, shared.clone()));
+    let inner = Arc::new(HandleInner::new(
+        id.clone(),
+        epoch,
+        incarnation,
+        schema,
+        shared.clone(),
+    ));
     lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
     info!(epoch, took_over = ?took_over, "acquired");
     shared.emit(Event::Acquired {
@@ -635,7 +671,10 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
 
 /// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
 /// weak reference so it ends with the router.
-async fn serve_handoff_requests(shared: std::sync::Weak<Shared>, mut notices: broadcast::Receiver<Notice>) {
+async fn serve_handoff_requests(
+    shared: std::sync::Weak<Shared>,
+    mut notices: broadcast::Receiver<Notice>,
+) {
     #[derive(serde::Deserialize)]
     struct Request {
         tenant: String,
@@ -650,14 +689,20 @@ async fn serve_handoff_requests(shared: std::sync::Weak<Shared>, mut notices: br
         if notice.channel != HANDOFF_CHANNEL {
             continue;
         }
-        let Some(shared) = shared.upgrade() else { return };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
         let Ok(request) = serde_json::from_str::<Request>(&notice.payload) else {
             continue;
         };
         if validate_replica_id("requester", &request.requester).is_err() {
             continue;
         }
-        let Some(inner) = lock(&shared.handles).get(&request.tenant).filter(|h| h.is_serving()).cloned() else {
+        let Some(inner) = lock(&shared.handles)
+            .get(&request.tenant)
+            .filter(|h| h.is_serving())
+            .cloned()
+        else {
             continue;
         };
         let accepted = shared.options.handoff_policy == HandoffPolicy::Accept;

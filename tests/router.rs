@@ -1,0 +1,624 @@
+//! The router's states and edge cases: handoff and its drain, directed handoff, requests,
+//! wait_for, capacity, open timeout, quarantine, close lanes, events.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use pgtenant::{Error, Event, HandoffPolicy, Router, TenantHandle};
+use support::{append, create_log, database, options, router, tenant};
+use tokio::sync::{broadcast, oneshot};
+
+/// Starts work on `handle` that stays in flight until `release` fires; returns once it runs.
+async fn hold_work(
+    handle: &TenantHandle,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), Error>>,
+) {
+    let (release, released) = oneshot::channel::<()>();
+    let (started_tx, started) = oneshot::channel::<()>();
+    let handle = handle.clone();
+    let task = tokio::spawn(async move {
+        handle
+            .run(move |tx| {
+                Box::pin(async move {
+                    tx.execute("SELECT 1", &[]).await?;
+                    let _ = started_tx.send(());
+                    let _ = released.await;
+                    Ok::<_, Error>(())
+                })
+            })
+            .await
+    });
+    started.await.expect("work started");
+    (release, task)
+}
+
+/// The next event about `tenant`, skipping heartbeats and other tenants.
+async fn next_for(events: &mut broadcast::Receiver<Event>, tenant: &str) -> Event {
+    loop {
+        let event = events.recv().await.expect("event");
+        let key = match &event {
+            Event::Acquired { tenant, .. }
+            | Event::Created { tenant, .. }
+            | Event::Lost { tenant, .. }
+            | Event::Released { tenant, .. }
+            | Event::HandedOff { tenant, .. }
+            | Event::Draining { tenant, .. }
+            | Event::DrainTimeout { tenant, .. }
+            | Event::HandoffRequested { tenant, .. }
+            | Event::Quarantined { tenant, .. } => tenant.clone(),
+            _ => continue,
+        };
+        if key == tenant {
+            return event;
+        }
+    }
+}
+
+/// The next event of one kind about `tenant`.
+async fn wait_event(events: &mut broadcast::Receiver<Event>, tenant: &str, wanted: &str) -> Event {
+    loop {
+        let event = next_for(events, tenant).await;
+        if kind(&event) == wanted {
+            return event;
+        }
+    }
+}
+
+fn kind(event: &Event) -> &'static str {
+    match event {
+        Event::Acquired { .. } => "acquired",
+        Event::Created { .. } => "created",
+        Event::Lost { .. } => "lost",
+        Event::Released { .. } => "released",
+        Event::HandedOff { .. } => "handed_off",
+        Event::Draining { .. } => "draining",
+        Event::DrainTimeout { .. } => "drain_timeout",
+        Event::HandoffRequested { .. } => "handoff_requested",
+        Event::Quarantined { .. } => "quarantined",
+        _ => "other",
+    }
+}
+
+#[tokio::test]
+async fn serving_then_draining_then_handed_off_with_events_in_order() {
+    let (db, client) = database().await;
+    let router = router(db.url(), "states").await;
+    let mut events = router.subscribe();
+    let id = tenant("states");
+    let handle = router.open_or_create(&id).await.unwrap();
+    create_log(&handle).await;
+    let (release, work) = hold_work(&handle).await;
+
+    let handing = {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.handoff().await })
+    };
+    let mut seen = vec![];
+    loop {
+        let event = next_for(&mut events, id.key()).await;
+        seen.push(kind(&event));
+        if matches!(event, Event::Draining { in_flight: 1, .. }) {
+            break;
+        }
+    }
+    // Draining: new work is refused, opening it here too; the work in flight goes on.
+    assert!(matches!(
+        append(&handle, "states", 1).await,
+        Err(Error::Draining { .. })
+    ));
+    assert!(matches!(
+        router.open(&id).await,
+        Err(Error::Draining { .. })
+    ));
+    assert_eq!(router.summary().draining, 1);
+    assert_eq!(router.status(&id).await.unwrap().here, Some("draining"));
+    release.send(()).unwrap();
+    work.await.unwrap().expect("the work in flight commits");
+    handing.await.unwrap().expect("handoff");
+    seen.push(kind(&next_for(&mut events, id.key()).await));
+    assert_eq!(seen, ["created", "acquired", "draining", "handed_off"]);
+
+    assert!(matches!(
+        append(&handle, "states", 2).await,
+        Err(Error::LeaseLost {
+            reason: "released",
+            ..
+        })
+    ));
+    assert!(router.handle_of(&id).is_none());
+    let status = router.status(&id).await.unwrap();
+    assert_eq!(
+        (status.state.as_str(), status.owner, status.here),
+        ("free", None, None)
+    );
+    let journal: Vec<String> = client
+        .query(
+            "SELECT event FROM pgtenant.history WHERE tenant_key = $1 ORDER BY id",
+            &[&id.key()],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(journal, ["acquired", "created", "handed_off"]);
+    router.close().await;
+}
+
+#[tokio::test]
+async fn a_drain_timeout_leaves_the_tenant_serving() {
+    let (db, _client) = database().await;
+    let router = Router::start(options(db.url(), "slow").drain_timeout(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    let mut events = router.subscribe();
+    let id = tenant("slow");
+    let handle = router.open_or_create(&id).await.unwrap();
+    create_log(&handle).await;
+    let (release, work) = hold_work(&handle).await;
+    match handle.handoff().await {
+        Err(Error::DrainTimeout {
+            in_flight, timeout, ..
+        }) => {
+            assert_eq!(in_flight, 1);
+            assert_eq!(timeout, Duration::from_millis(200));
+        }
+        other => panic!("expected DrainTimeout, got {other:?}"),
+    }
+    loop {
+        if let Event::DrainTimeout { in_flight: 1, .. } = next_for(&mut events, id.key()).await {
+            break;
+        }
+    }
+    assert!(handle.is_serving(), "a failed drain resumes service");
+    append(&handle, "slow", 1).await.expect("serving again");
+    release.send(()).unwrap();
+    work.await.unwrap().unwrap();
+    handle.handoff().await.expect("now it drains");
+    router.close().await;
+}
+
+#[tokio::test]
+async fn abandon_releases_at_once() {
+    let (db, _client) = database().await;
+    let router = router(db.url(), "abandoner").await;
+    let other = router_named(&db, "taker").await;
+    let id = tenant("abandoned");
+    let handle = router.open_or_create(&id).await.unwrap();
+    handle.abandon().await.unwrap();
+    assert!(matches!(
+        append(&handle, "x", 1).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    let taken = other.open(&id).await.expect("free at once");
+    assert_eq!(taken.epoch(), handle.epoch() + 1);
+    router.close().await;
+    other.close().await;
+}
+
+async fn router_named(db: &pgtenant_testkit::TestDatabase, name: &str) -> Router {
+    router(db.url(), name).await
+}
+
+#[tokio::test]
+async fn close_hands_off_in_lanes_and_a_stuck_tenant_holds_one_lane_for_the_drain_timeout() {
+    let (db, _client) = database().await;
+    let router = Router::start(
+        options(db.url(), "closing")
+            .close_concurrency(2)
+            .drain_timeout(Duration::from_millis(800)),
+    )
+    .await
+    .unwrap();
+    let mut work = HashMap::new();
+    for i in 0..4 {
+        let id = tenant(&format!("lane-{i}"));
+        let handle = router.open_or_create(&id).await.unwrap();
+        work.insert(id.key().to_owned(), hold_work(&handle).await);
+    }
+    let mut events = router.subscribe();
+    let router = std::sync::Arc::new(router);
+    let closing = {
+        let router = router.clone();
+        tokio::spawn(async move { router.close().await })
+    };
+    let mut stuck: Option<String> = None;
+    let mut draining_now = 0;
+    let mut finished = 0;
+    while finished < 4 {
+        match events.recv().await.unwrap() {
+            Event::Draining { tenant, .. } => {
+                draining_now += 1;
+                assert!(
+                    draining_now <= 2,
+                    "at most close_concurrency tenants drain at once"
+                );
+                if stuck.is_none() {
+                    stuck = Some(tenant); // never released: it must give up after the drain timeout
+                } else if let Some((release, _)) = work.remove(&tenant) {
+                    release.send(()).unwrap();
+                }
+            }
+            Event::HandedOff { .. } | Event::DrainTimeout { .. } => {
+                draining_now -= 1;
+                finished += 1;
+            }
+            _ => {}
+        }
+    }
+    let report = closing.await.unwrap();
+    let stuck = stuck.unwrap();
+    assert_eq!(report.handed_off.len(), 3);
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].0.key(), stuck);
+    assert!(matches!(report.failed[0].1, Error::DrainTimeout { .. }));
+    assert!(
+        router.close().await.failed.is_empty(),
+        "close is idempotent"
+    );
+    assert!(matches!(
+        router.open(&tenant("late")).await,
+        Err(Error::RouterClosed)
+    ));
+    for (_, (release, task)) in work {
+        let _ = release.send(());
+        let _ = task.await;
+    }
+}
+
+#[tokio::test]
+async fn concurrent_opens_of_one_tenant_share_one_acquisition() {
+    let (db, client) = database().await;
+    let router = router(db.url(), "sharer").await;
+    let id = tenant("shared");
+    let opens: Vec<_> = (0..20).map(|_| router.open_or_create(&id)).collect();
+    let mut epochs = std::collections::BTreeSet::new();
+    for result in futures_all(opens).await {
+        epochs.insert(result.expect("open").epoch());
+    }
+    assert_eq!(epochs.len(), 1, "every caller got the same tenure");
+    let acquisitions: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.history WHERE tenant_key = $1 AND event = 'acquired'",
+            &[&id.key()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(acquisitions, 1);
+    router.close().await;
+}
+
+/// Polls all the futures concurrently on this task (as concurrent callers would).
+async fn futures_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (future, output) in pinned.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                if let std::task::Poll::Ready(value) = future.as_mut().poll(cx) {
+                    *output = Some(value);
+                }
+            }
+        }
+        if outputs.iter().all(Option::is_some) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+#[tokio::test]
+async fn capacity_counts_open_tenants() {
+    let (db, _client) = database().await;
+    let router = Router::start(options(db.url(), "small").max_open_tenants(2))
+        .await
+        .unwrap();
+    let first = router.open_or_create(&tenant("cap-1")).await.unwrap();
+    router.open_or_create(&tenant("cap-2")).await.unwrap();
+    match router.open_or_create(&tenant("cap-3")).await {
+        Err(Error::AtCapacity { max: 2 }) => {}
+        other => panic!("expected AtCapacity, got {other:?}"),
+    }
+    // An open of a tenant already served is not a new slot.
+    router.open(&tenant("cap-1")).await.expect("already open");
+    first.handoff().await.unwrap();
+    router
+        .open_or_create(&tenant("cap-3"))
+        .await
+        .expect("a slot is free again");
+    assert_eq!(router.open_count(), 2);
+    router.close().await;
+}
+
+/// With a long ttl the holder never expires during the test, so only the handoff's NOTIFY can
+/// wake the waiter.
+#[tokio::test]
+async fn wait_for_wakes_on_a_handoff() {
+    let (db, _client) = database().await;
+    let long = |name: &str| {
+        options(db.url(), name)
+            .ttl(Duration::from_secs(60))
+            .margin(Duration::from_secs(5))
+    };
+    let owner = Router::start(long("holder")).await.unwrap();
+    let waiter = Router::start(long("waiter")).await.unwrap();
+    let id = tenant("awaited");
+    let held = owner.open_or_create(&id).await.unwrap();
+    let waiting = {
+        let id = id.clone();
+        let waiter = std::sync::Arc::new(waiter);
+        let w = waiter.clone();
+        (
+            tokio::spawn(async move { w.wait_for(&id, Duration::from_secs(20)).await }),
+            waiter,
+        )
+    };
+    // The waiter is parked on the held lease: it cannot have it yet.
+    assert!(matches!(
+        waiting.1.status(&id).await.unwrap().state.as_str(),
+        "held"
+    ));
+    held.handoff().await.unwrap();
+    let got = waiting.0.await.unwrap().expect("woken by the handoff");
+    assert_eq!(got.epoch(), held.epoch() + 1);
+    owner.close().await;
+    waiting.1.close().await;
+}
+
+#[tokio::test]
+async fn request_handoff_moves_a_tenant_and_the_reservation_keeps_others_out() {
+    let (db, _client) = database().await;
+    let long = |name: &str| {
+        options(db.url(), name)
+            .ttl(Duration::from_secs(60))
+            .margin(Duration::from_secs(5))
+    };
+    let owner = Router::start(long("giver")).await.unwrap();
+    let asker = Router::start(long("asker")).await.unwrap();
+    let mut owner_events = owner.subscribe();
+    let id = tenant("requested");
+    let held = owner.open_or_create(&id).await.unwrap();
+    create_log(&held).await;
+    append(&held, "giver", 1).await.unwrap();
+
+    let moved = asker
+        .request_handoff(&id, Duration::from_secs(20))
+        .await
+        .expect("handed over");
+    assert!(moved.epoch() > held.epoch());
+    assert!(!held.is_serving());
+    let requested = wait_event(&mut owner_events, id.key(), "handoff_requested").await;
+    assert!(
+        matches!(&requested, Event::HandoffRequested { requester, accepted: true, .. } if requester == "asker"),
+        "{requested:?}"
+    );
+    let handed = wait_event(&mut owner_events, id.key(), "handed_off").await;
+    assert!(
+        matches!(&handed, Event::HandedOff { to: Some(to), .. } if to == "asker"),
+        "{handed:?}"
+    );
+
+    // A directed handoff reserves the tenant for its target.
+    let third = Router::start(long("third")).await.unwrap();
+    moved.handoff_to("giver").await.unwrap();
+    match third.open(&id).await {
+        Err(Error::LeaseHeld {
+            owner,
+            reserved: true,
+            ..
+        }) => assert_eq!(owner, "giver"),
+        other => panic!("expected a reservation for giver, got {other:?}"),
+    }
+    owner
+        .open(&id)
+        .await
+        .expect("the reserved replica takes it");
+    assert!(matches!(
+        moved.handoff_to("not a replica!").await,
+        Err(Error::InvalidOption {
+            option: "replica",
+            ..
+        })
+    ));
+    for r in [owner, asker, third] {
+        r.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_refusing_owner_keeps_its_tenant() {
+    let (db, _client) = database().await;
+    let long = |name: &str| {
+        options(db.url(), name)
+            .ttl(Duration::from_secs(60))
+            .margin(Duration::from_secs(5))
+    };
+    let owner = Router::start(long("keeper").handoff_policy(HandoffPolicy::Refuse))
+        .await
+        .unwrap();
+    let asker = Router::start(long("hopeful")).await.unwrap();
+    let mut events = owner.subscribe();
+    let id = tenant("kept");
+    let held = owner.open_or_create(&id).await.unwrap();
+    let error = asker
+        .request_handoff(&id, Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::OpenTimeout { .. }) && error.is_retryable(),
+        "{error}"
+    );
+    assert!(matches!(
+        wait_event(&mut events, id.key(), "handoff_requested").await,
+        Event::HandoffRequested {
+            accepted: false,
+            ..
+        }
+    ));
+    assert!(held.is_serving());
+    owner.close().await;
+    asker.close().await;
+}
+
+#[tokio::test]
+async fn a_tenant_whose_schema_vanished_is_quarantined_until_cleared() {
+    let (db, client) = database().await;
+    let router = router(db.url(), "medic").await;
+    let mut events = router.subscribe();
+    let id = tenant("sick");
+    let handle = router.open_or_create(&id).await.unwrap();
+    let schema = handle.schema().to_owned();
+    handle.release().await.unwrap();
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema}"))
+        .await
+        .unwrap();
+
+    for _ in 0..2 {
+        match router.open(&id).await {
+            Err(error @ Error::Quarantined { .. }) => {
+                assert!(!error.is_retryable());
+                let text = error.to_string();
+                assert!(
+                    text.contains("missing") && text.contains("repair"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected Quarantined, got {other:?}"),
+        }
+    }
+    wait_event(&mut events, id.key(), "quarantined").await;
+    let status = router.status(&id).await.unwrap();
+    assert_eq!(status.state, "quarantined");
+    assert!(status.quarantine_cause.unwrap().contains(&schema));
+    assert!(status
+        .quarantine_repair
+        .unwrap()
+        .contains("clear the quarantine"));
+    let quarantines: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.history WHERE tenant_key = $1 AND event = 'quarantined'",
+            &[&id.key()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(quarantines, 1, "not retried until cleared");
+
+    client
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap(); // the repair
+    assert!(router.clear_quarantine(&id).await.unwrap());
+    assert!(
+        !router.clear_quarantine(&id).await.unwrap(),
+        "nothing left to clear"
+    );
+    router
+        .open(&id)
+        .await
+        .expect("serving again after the repair");
+    router.close().await;
+}
+
+#[tokio::test]
+async fn an_open_that_times_out_releases_the_late_lease() {
+    let (db, mut client) = database().await;
+    let router = Router::start(options(db.url(), "hasty").open_timeout(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    let id = tenant("late");
+    router
+        .open_or_create(&id)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut events = router.subscribe();
+    // Hold the tenant row, so the acquisition waits past the open timeout.
+    let blocker = client.transaction().await.unwrap();
+    blocker
+        .execute(
+            "SELECT 1 FROM pgtenant.tenants WHERE key = $1 FOR UPDATE",
+            &[&id.key()],
+        )
+        .await
+        .unwrap();
+    let error = router.open(&id).await.unwrap_err();
+    assert!(
+        matches!(error, Error::OpenTimeout { .. }) && error.is_retryable(),
+        "{error}"
+    );
+    blocker.commit().await.unwrap();
+    // The acquisition completes late, and is given back rather than leaked.
+    assert!(matches!(
+        next_for(&mut events, id.key()).await,
+        Event::Acquired { .. }
+    ));
+    assert!(matches!(
+        next_for(&mut events, id.key()).await,
+        Event::Released { .. }
+    ));
+    assert!(router.handle_of(&id).is_none());
+    let status = router.status(&id).await.unwrap();
+    assert_eq!((status.state.as_str(), status.owner), ("free", None));
+    router.close().await;
+}
+
+#[tokio::test]
+async fn a_slow_subscriber_never_slows_the_router() {
+    let (db, _client) = database().await;
+    let router = router(db.url(), "chatty").await;
+    let mut never_read = router.subscribe();
+    let id = tenant("chatty");
+    for _ in 0..600 {
+        let handle = router.open_or_create(&id).await.unwrap();
+        handle.release().await.unwrap();
+    }
+    assert!(matches!(
+        never_read.try_recv(),
+        Err(broadcast::error::TryRecvError::Lagged(_))
+    ));
+    assert!(router.open(&id).await.is_ok());
+    let summary = router.summary();
+    assert_eq!(
+        (summary.open, summary.draining, summary.in_flight),
+        (1, 0, 0)
+    );
+    assert!(summary.serving && summary.incarnation.is_some());
+    router.close().await;
+}
+
+#[tokio::test]
+async fn invalid_router_options_name_the_option() {
+    let url = "postgres://postgres@127.0.0.1:1/nowhere";
+    let cases = [
+        (
+            options(url, "x").drain_timeout(Duration::ZERO),
+            "drain_timeout",
+        ),
+        (
+            options(url, "x").open_timeout(Duration::from_secs(7200)),
+            "open_timeout",
+        ),
+        (options(url, "x").max_open_tenants(0), "max_open_tenants"),
+        (options(url, "x").close_concurrency(0), "close_concurrency"),
+        (options(url, "x").reservation(Duration::ZERO), "reservation"),
+    ];
+    for (options, expected) in cases {
+        match Router::start(options).await {
+            Err(Error::InvalidOption { option, .. }) => assert_eq!(option, expected),
+            Err(other) => panic!("{expected}: expected InvalidOption, got {other}"),
+            Ok(_) => panic!("{expected}: accepted"),
+        }
+    }
+}
