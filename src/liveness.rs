@@ -210,15 +210,17 @@ impl LeaseSession {
         })
     }
 
-    /// Marks the incarnation released so no one waits for its expiry, then ends the session
-    /// (which drops the liveness lock).
+    /// Marks the incarnation released so no one waits for its expiry and frees the liveness
+    /// lock before returning (a dropped connection frees it too, but only once the server has
+    /// processed the disconnect), then ends the session.
     pub(crate) async fn deregister(self, replica_id: &str) {
         let result = self
             .client
             .batch_execute(&format!(
                 "UPDATE pgtenant.replicas SET released_at = now(), expires_at = now()
                   WHERE replica_id = {id} AND incarnation = {inc};
-                 INSERT INTO pgtenant.history (event, replica_id, incarnation) VALUES ('deregistered', {id}, {inc})",
+                 INSERT INTO pgtenant.history (event, replica_id, incarnation) VALUES ('deregistered', {id}, {inc});
+                 SELECT pg_advisory_unlock_all()",
                 id = quote_literal(replica_id),
                 inc = self.incarnation
             ))

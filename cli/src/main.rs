@@ -268,9 +268,11 @@ fn say(line: &str) {
     );
 }
 
-/// The main job in one minute: two replicas, one tenant, a fenced write, a crash, a takeover.
+/// The main job in a few seconds: three replicas, fenced writes, LeaseHeld, a handoff to a
+/// waiting replica, a crash, a lease session cut by the database, takeovers, a stale write
+/// refused by PostgreSQL.
 async fn demo(url: &str) -> pgtenant::Result<()> {
-    use pgtenant::{Error, Router, RouterOptions, TenantId};
+    use pgtenant::{Error, Router, RouterOptions, TenantHandle, TenantId};
     use std::time::Duration;
 
     let mut client = connect(url).await.map_err(|reason| Error::InvalidOption {
@@ -286,18 +288,10 @@ async fn demo(url: &str) -> pgtenant::Result<()> {
     };
     let a = Router::start(options("replica-a")?).await?;
     let b = Router::start(options("replica-b")?).await?;
-    say(
-        "replica-a and replica-b registered: each holds one liveness lock on its own lease session",
-    );
+    let c = Router::start(options("replica-c")?).await?;
+    say("replica-a, -b and -c registered: each holds ONE advisory lock on its own lease session");
 
-    let id = TenantId::new("acme", "invoices")?;
-    let tenant = a.open_or_create(&id).await?;
-    say(&format!(
-        "replica-a opened {id}: epoch {}, schema {}",
-        tenant.epoch(),
-        tenant.schema()
-    ));
-    for amount in [120_i64, 80, 42] {
+    async fn add(tenant: &TenantHandle, amount: i64) -> pgtenant::Result<()> {
         tenant
             .run(move |tx| {
                 Box::pin(async move {
@@ -308,60 +302,116 @@ async fn demo(url: &str) -> pgtenant::Result<()> {
                     Ok::<_, Error>(())
                 })
             })
-            .await?;
+            .await
     }
-    say("replica-a committed 3 entries, each in a transaction fenced by epoch inside PostgreSQL");
+    async fn total(tenant: &TenantHandle) -> pgtenant::Result<i64> {
+        tenant
+            .read(|tx| {
+                Box::pin(async move {
+                    let row = tx
+                        .query_one("SELECT coalesce(sum(amount), 0)::bigint FROM entries", &[])
+                        .await?;
+                    Ok::<_, Error>(row.get(0))
+                })
+            })
+            .await
+    }
 
-    match b.open(&id).await {
+    let invoices = TenantId::new("acme", "invoices")?;
+    let payroll = TenantId::new("globex", "payroll")?;
+    let on_a = a.open_or_create(&invoices).await?;
+    let on_b = b.open_or_create(&payroll).await?;
+    say(&format!(
+        "replica-a opened {invoices} (epoch {}, schema {}); replica-b opened {payroll}",
+        on_a.epoch(),
+        on_a.schema()
+    ));
+    for amount in [120, 80, 42] {
+        add(&on_a, amount).await?;
+    }
+    add(&on_b, 7).await?;
+    say("3 entries committed to acme/invoices, 1 to globex/payroll: each transaction fenced by its epoch inside PostgreSQL");
+
+    match c.open(&invoices).await {
         Err(error @ Error::LeaseHeld { .. }) => {
-            say(&format!("replica-b tries to open it: {error}"))
+            say(&format!("replica-c tries {invoices}: {error}"))
         }
         Err(other) => return Err(other),
-        Ok(_) => say("replica-b opened it?! (unexpected)"),
+        Ok(_) => say("replica-c opened it?! (unexpected)"),
     }
 
-    say("replica-a crashes (its lease session closes, PostgreSQL drops its liveness lock)");
-    let stale = tenant.clone();
-    drop(a);
+    say("replica-c waits for acme/invoices (LISTEN/NOTIFY) while replica-a hands it off");
+    let (waited, handed) = tokio::join!(c.wait_for(&invoices, Duration::from_secs(10)), async {
+        // Let replica-c's first attempt find the tenant held, so it really waits.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = std::time::Instant::now();
+        on_a.handoff().await.map(|()| started)
+    });
+    let handoff_started = handed?;
+    let on_c = waited?;
+    let took = handoff_started.elapsed();
+    say(&format!(
+        "handoff: replica-c serves {invoices} at epoch {} with sum {}, {:.1} ms after the handoff began; no data copied",
+        on_c.epoch(),
+        total(&on_c).await?,
+        took.as_secs_f64() * 1000.0
+    ));
+
+    say("the database cuts replica-b's lease session (pg_terminate_backend)");
+    client
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgtenant lease replica-b'",
+            &[],
+        )
+        .await?;
+    let cut = std::time::Instant::now();
     let taken = loop {
-        match b.open(&id).await {
+        match a.open(&payroll).await {
             Ok(handle) => break handle,
             Err(Error::LeaseHeld { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
             Err(other) => return Err(other),
         }
     };
-    let total: i64 = taken
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(
-                    tx.query_one("SELECT sum(amount)::bigint FROM entries", &[])
-                        .await?
-                        .get(0),
-                )
-            })
-        })
-        .await?;
     say(&format!(
-        "replica-b took over {id} at epoch {}: it sees all 3 entries (sum {total}); no data was copied",
-        taken.epoch()
+        "replica-a took over {payroll} at epoch {} after {:.1} ms; it sees sum {}",
+        taken.epoch(),
+        cut.elapsed().as_secs_f64() * 1000.0,
+        total(&taken).await?
     ));
-    let refused = stale
-        .run(|tx| {
-            Box::pin(async move {
-                tx.execute("INSERT INTO entries VALUES (-1000)", &[])
-                    .await?;
-                Ok::<_, Error>(())
-            })
-        })
-        .await;
-    if let Err(error) = refused {
-        say(&format!(
+    match add(&on_b, -1000).await {
+        Err(error) => say(&format!(
+            "replica-b's old handle tries to write: refused ({error})"
+        )),
+        Ok(()) => say("replica-b's old handle wrote?! (unexpected)"),
+    }
+
+    say("replica-c crashes (its process would die: here its router is dropped)");
+    drop(c);
+    let recovered = loop {
+        match a.open(&invoices).await {
+            Ok(handle) => break handle,
+            Err(Error::LeaseHeld { .. }) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(other) => return Err(other),
+        }
+    };
+    say(&format!(
+        "replica-a took over {invoices} at epoch {}: sum {}",
+        recovered.epoch(),
+        total(&recovered).await?
+    ));
+    match add(&on_c, -1000).await {
+        Err(error) => say(&format!(
             "the crashed owner's stale handle tries to write: refused ({error})"
+        )),
+        Ok(()) => say("the stale handle wrote?! (unexpected)"),
+    }
+    for (name, router) in [("replica-a", &a), ("replica-b", &b)] {
+        let report = router.close().await;
+        say(&format!(
+            "{name} closed: handed off {} tenant(s), {} failed",
+            report.handed_off.len(),
+            report.failed.len()
         ));
     }
-    taken.release().await?;
-    say("replica-b released the tenant");
-    b.close().await;
-    say("replica-b closed");
     Ok(())
 }
