@@ -97,7 +97,9 @@ fn the_demo_runs_on_a_throwaway_postgres() {
         "replica-a took over acme/invoices at epoch 3: sum 242",
         "refused (fenced",
     ] {
-        assert!(shown.contains(expected), "{expected:?} missing from:\n{shown}");
+        assert!(
+            shown.contains(expected),
+            "{expected:?} missing from:\n{shown}"
+        );
     }
-}");
 }
