@@ -45,6 +45,8 @@ CREATE TABLE pgtenant.tenants (
     CHECK ((quarantine_cause IS NULL) = (quarantined_at IS NULL))
 );
 CREATE INDEX tenants_owner ON pgtenant.tenants (owner, owner_incarnation) WHERE owner IS NOT NULL;
+-- migrate_all finds the tenants behind with one query.
+CREATE INDEX tenants_schema_version ON pgtenant.tenants (schema_version) WHERE schema_name IS NOT NULL;
 COMMENT ON TABLE pgtenant.tenants IS
     'One row per tenant id, kept after forget so epochs never repeat. The lease is (owner, owner_incarnation, epoch).';
 
@@ -54,6 +56,7 @@ CREATE TABLE pgtenant.trash (
     tenant_key   text NOT NULL REFERENCES pgtenant.tenants (key),
     epoch        bigint NOT NULL,
     live_name    text NOT NULL,
+    schema_version integer NOT NULL DEFAULT 0,
     trashed_at   timestamptz NOT NULL DEFAULT now(),
     swept_at     timestamptz
 );
@@ -375,4 +378,97 @@ BEGIN
             HINT = 'the lease was lost; open the tenant again';
     END IF;
     RETURN v_schema;
+END $$;
+
+-- ---------------------------------------------------------------------------------------
+-- Ledgers: forget and restore. Both are catalog updates (ALTER SCHEMA … RENAME), so their
+-- time does not depend on the ledger's size.
+-- ---------------------------------------------------------------------------------------
+
+-- Forgets a tenant under its lease: masks every epoch up to the current one (the fence refuses
+-- them from now on), moves the live schema to the trash, ends the lease. The FOR UPDATE waits
+-- for fenced transactions in flight. Returns the trash name.
+CREATE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgtenant.tenants%ROWTYPE;
+    v_trash text;
+BEGIN
+    SELECT * INTO t FROM pgtenant.tenants
+     WHERE key = p_key AND epoch = p_epoch AND owner = p_replica AND owner_incarnation = p_incarnation
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF01',
+            MESSAGE = format('pgtenant fenced: cannot forget tenant %s: epoch %s of replica %s is not its lease', p_key, p_epoch, p_replica);
+    END IF;
+    IF t.schema_name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF02', MESSAGE = format('tenant %s has no live schema', p_key);
+    END IF;
+    v_trash := 'trash_' || t.schema_name;
+    EXECUTE format('ALTER SCHEMA %I RENAME TO %I', t.schema_name, v_trash);
+    UPDATE pgtenant.tenants
+       SET forgotten_at_epoch = t.epoch, schema_name = NULL, schema_version = 0,
+           owner = NULL, owner_incarnation = NULL, reserved_for = NULL, reserved_until = NULL
+     WHERE key = p_key;
+    INSERT INTO pgtenant.trash (schema_name, tenant_key, epoch, live_name, schema_version)
+    VALUES (v_trash, p_key, t.epoch, t.schema_name, t.schema_version);
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, 'forgotten', t.epoch, p_replica, p_incarnation, 'schema moved to ' || v_trash);
+    RETURN v_trash;
+END $$;
+
+-- Restores a forgotten tenant's newest trashed schema as a new life: bumps the epoch, renames
+-- the schema to p_new_schema (the new life's name) and takes the lease for the caller.
+-- Refused (PTR01) when the tenant has a live schema again, or nothing is left in the trash.
+CREATE FUNCTION pgtenant.restore(p_key text, p_replica text, p_incarnation bigint, p_new_schema_for_epoch text)
+RETURNS TABLE (epoch bigint, schema_name text, schema_version integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t pgtenant.tenants%ROWTYPE;
+    g pgtenant.trash%ROWTYPE;
+    o record;
+BEGIN
+    SELECT * INTO t FROM pgtenant.tenants WHERE key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTN01', MESSAGE = format('tenant %s does not exist', p_key);
+    END IF;
+    IF t.schema_name IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTR01',
+            MESSAGE = format('tenant %s already has a new life (schema %s at epoch %s): restoring would replace it', p_key, t.schema_name, t.epoch),
+            HINT = 'forget the new life first if the old one should come back';
+    END IF;
+    IF t.owner IS NOT NULL THEN
+        SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
+        IF o.incarnation = t.owner_incarnation AND o.alive AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTL01',
+                MESSAGE = format('tenant %s is held by replica %s at epoch %s', p_key, t.owner, t.epoch),
+                DETAIL = json_build_object('owner', t.owner, 'epoch', t.epoch, 'owner_alive', true,
+                    'expires_in_ms', greatest(0, (extract(epoch FROM o.expires_at - now()) * 1000)::bigint),
+                    'reserved', false)::text;
+        END IF;
+    END IF;
+    SELECT * INTO g FROM pgtenant.trash tr
+     WHERE tr.tenant_key = p_key AND tr.swept_at IS NULL AND to_regnamespace(tr.schema_name) IS NOT NULL
+     ORDER BY tr.epoch DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTR01',
+            MESSAGE = format('tenant %s has nothing in the trash to restore (swept, or never forgotten)', p_key);
+    END IF;
+    -- The new life's name is derived client-side from the id and the new epoch, which is
+    -- t.epoch + 1: the caller passes it for exactly that epoch, checked here.
+    IF p_new_schema_for_epoch !~ ('_' || (t.epoch + 1) || '_[0-9a-f]{10}$') THEN
+        RAISE EXCEPTION 'schema name % is not for epoch %', p_new_schema_for_epoch, t.epoch + 1;
+    END IF;
+    EXECUTE format('ALTER SCHEMA %I RENAME TO %I', g.schema_name, p_new_schema_for_epoch);
+    DELETE FROM pgtenant.trash tr WHERE tr.schema_name = g.schema_name;
+    UPDATE pgtenant.tenants
+       SET epoch = t.epoch + 1, schema_name = p_new_schema_for_epoch, schema_version = g.schema_version,
+           owner = p_replica, owner_incarnation = p_incarnation, acquired_at = now(),
+           quarantine_cause = NULL, quarantine_repair = NULL, quarantined_at = NULL
+     WHERE key = p_key;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, 'restored', t.epoch + 1, p_replica, p_incarnation,
+            format('from %s (epoch %s) as %s', g.schema_name, g.epoch, p_new_schema_for_epoch));
+    RETURN QUERY SELECT t.epoch + 1, p_new_schema_for_epoch, g.schema_version;
 END $$;

@@ -220,6 +220,47 @@ pub enum Error {
         timeout: std::time::Duration,
     },
 
+    /// A tenant migration failed; its transaction rolled back. At open this becomes
+    /// [`Error::Quarantined`] with this cause.
+    #[error("tenant migration failed: {cause}")]
+    MigrationFailed {
+        /// The failing migration and the database's message.
+        cause: String,
+    },
+
+    /// The tenant's schema was migrated by newer code than this replica runs. Refused, not
+    /// quarantined: during a rolling deploy newer replicas serve it fine.
+    #[error(
+        "tenant {tenant} is at schema version {found}, ahead of this code's {supported}: \
+         serve it from a replica running newer code, or deploy it here"
+    )]
+    SchemaAhead {
+        /// The tenant.
+        tenant: String,
+        /// The tenant's recorded version.
+        found: i64,
+        /// The newest version this code's migrations reach.
+        supported: i64,
+    },
+
+    /// `forget` with [`ActiveWork::Refuse`](crate::ActiveWork::Refuse) found work in flight.
+    #[error("tenant {tenant} has {in_flight} unit(s) of work in flight: forget with ActiveWork::Drain or ActiveWork::Cancel, or retry when idle")]
+    Busy {
+        /// The tenant.
+        tenant: String,
+        /// Work in flight.
+        in_flight: usize,
+    },
+
+    /// A restore was refused.
+    #[error("cannot restore tenant {tenant}: {reason}")]
+    RestoreRefused {
+        /// The tenant.
+        tenant: String,
+        /// Why (a new life exists, nothing left in the trash).
+        reason: String,
+    },
+
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
     #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]

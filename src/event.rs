@@ -104,6 +104,35 @@ pub enum Event {
         /// Whether the policy accepted it.
         accepted: bool,
     },
+    /// A tenant's migrations ran.
+    Migrated {
+        /// The tenant key.
+        tenant: String,
+        /// The epoch they ran under.
+        epoch: i64,
+        /// Version before.
+        from: i64,
+        /// Version after.
+        to: i64,
+    },
+    /// A tenant was forgotten: its schema moved to the trash, every epoch up to this one masked.
+    Forgotten {
+        /// The tenant key.
+        tenant: String,
+        /// The forgotten epoch.
+        epoch: i64,
+        /// The trash schema.
+        trash: String,
+    },
+    /// A forgotten tenant was restored from the trash as a new life.
+    Restored {
+        /// The tenant key.
+        tenant: String,
+        /// The new epoch.
+        epoch: i64,
+        /// The schema.
+        schema: String,
+    },
     /// A tenant was quarantined: a failure caused by the tenant, kept until cleared.
     Quarantined {
         /// The tenant key.

@@ -8,7 +8,7 @@ use std::task::Poll;
 
 use tokio::sync::Notify;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Transaction;
+use tokio_postgres::{CancelToken, NoTls, Transaction};
 
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 use crate::event::Event;
@@ -40,7 +40,22 @@ pub(crate) struct HandleInner {
     state: AtomicU8,
     in_flight: AtomicUsize,
     idle: Notify,
+    /// Cancel tokens of the transactions in flight, for `forget(ActiveWork::Cancel)`.
+    cancels: std::sync::Mutex<Vec<(u64, CancelToken)>>,
+    next_work: std::sync::atomic::AtomicU64,
     router: Arc<Shared>,
+}
+
+/// What [`TenantHandle::forget`] does with work in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActiveWork {
+    /// Refuse to forget while work is in flight ([`Error::Busy`]).
+    Refuse,
+    /// Stop taking work and wait for the work in flight, up to the drain timeout.
+    Drain,
+    /// Cancel the statements in flight (PostgreSQL cancel requests), then wait for the work to
+    /// end, up to the drain timeout.
+    Cancel,
 }
 
 impl HandleInner {
@@ -59,6 +74,8 @@ impl HandleInner {
             state: AtomicU8::new(SERVING),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            cancels: std::sync::Mutex::new(Vec::new()),
+            next_work: std::sync::atomic::AtomicU64::new(0),
             router,
         }
     }
@@ -168,6 +185,33 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// Keeps a transaction's cancel token reachable by `forget(ActiveWork::Cancel)` while it runs.
+struct CancelOnForget<'a> {
+    handle: &'a HandleInner,
+    work: u64,
+}
+
+impl<'a> CancelOnForget<'a> {
+    fn register(handle: &'a HandleInner, token: CancelToken) -> Self {
+        let work = handle.next_work.fetch_add(1, Ordering::Relaxed);
+        lock_cancels(handle).push((work, token));
+        CancelOnForget { handle, work }
+    }
+}
+
+impl Drop for CancelOnForget<'_> {
+    fn drop(&mut self) {
+        lock_cancels(self.handle).retain(|(work, _)| *work != self.work);
+    }
+}
+
+fn lock_cancels(handle: &HandleInner) -> std::sync::MutexGuard<'_, Vec<(u64, CancelToken)>> {
+    handle
+        .cancels
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// A tenant's lease as this replica holds it: bound to one tenant and one epoch. Cheap to
 /// clone; every clone is the same tenure.
 ///
@@ -262,6 +306,7 @@ impl TenantHandle {
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
         let client: &mut tokio_postgres::Client = &mut client;
+        let _cancel = CancelOnForget::register(inner, client.cancel_token());
         let tx = client
             .build_transaction()
             .read_only(read_only)
@@ -386,6 +431,91 @@ impl TenantHandle {
             return Ok(());
         }
         self.give_back("released", None).await
+    }
+
+    /// Forgets the tenant (DESIGN §5): under the lease, after dealing with work in flight as
+    /// `active` says, one transaction masks every epoch up to this one (PostgreSQL refuses
+    /// their commits from now on), moves the schema to the trash with a catalog rename (time
+    /// independent of the ledger's size), journals it and ends the lease. The id can then be
+    /// created again as a new life, or restored from the trash within retention.
+    ///
+    /// Returns the trash schema's name.
+    ///
+    /// # Errors
+    /// [`Error::Busy`] (Refuse, work in flight), [`Error::DrainTimeout`] (the tenant keeps
+    /// serving), [`Error::Draining`] (already being handed off or forgotten),
+    /// [`Error::Fenced`] / [`Error::LeaseLost`] when the lease is gone.
+    pub async fn forget(&self, active: ActiveWork) -> Result<String> {
+        let inner = &self.inner;
+        inner.admit()?;
+        if !inner.transition(SERVING, DRAINING) {
+            return Err(Error::Draining {
+                tenant: inner.id.key().to_owned(),
+            });
+        }
+        let in_flight = self.in_flight();
+        if active == ActiveWork::Refuse && in_flight > 0 {
+            inner.transition(DRAINING, SERVING);
+            return Err(Error::Busy {
+                tenant: inner.id.key().to_owned(),
+                in_flight,
+            });
+        }
+        if active == ActiveWork::Cancel {
+            let tokens: Vec<CancelToken> =
+                lock_cancels(inner).iter().map(|(_, t)| t.clone()).collect();
+            for token in tokens {
+                // A cancel that arrives between statements is a no-op; the drain below covers it.
+                let _ = token.cancel_query(NoTls).await;
+            }
+        }
+        let timeout = inner.router.options.drain_timeout;
+        if tokio::time::timeout(timeout, self.wait_idle())
+            .await
+            .is_err()
+        {
+            inner.transition(DRAINING, SERVING);
+            return Err(Error::DrainTimeout {
+                tenant: inner.id.key().to_owned(),
+                in_flight: self.in_flight(),
+                timeout,
+            });
+        }
+        let router = &inner.router;
+        let client = router
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("forget a tenant"))?;
+        let forgotten = client
+            .query_one(
+                "SELECT pgtenant.forget($1, $2, $3, $4)",
+                &[
+                    &inner.id.key(),
+                    &inner.epoch,
+                    &router.options.replica_id,
+                    &inner.incarnation,
+                ],
+            )
+            .await
+            .and_then(|row| row.try_get::<_, String>(0));
+        let trash = match forgotten {
+            Ok(trash) => trash,
+            Err(error) => {
+                let error = inner.fence_error(error);
+                inner.transition(DRAINING, SERVING);
+                return Err(error);
+            }
+        };
+        inner.transition(DRAINING, RELEASED);
+        router.detach(inner);
+        tracing::info!(tenant = %inner.id, epoch = inner.epoch, %trash, "forgotten");
+        router.emit(Event::Forgotten {
+            tenant: inner.id.key().to_owned(),
+            epoch: inner.epoch,
+            trash: trash.clone(),
+        });
+        Ok(trash)
     }
 
     async fn give_back(&self, event: &str, to: Option<&str>) -> Result<()> {

@@ -21,16 +21,22 @@
 #![deny(missing_docs)]
 #![warn(rustdoc::broken_intra_doc_links)]
 
+mod admin;
 mod control_plane;
 mod error;
 mod event;
 mod handle;
 mod id;
+mod ledger;
 mod liveness;
 mod migrate;
 mod options;
 mod router;
 
+pub use admin::{
+    list_tenants, list_trash, parse_duration, show_tenant, sweep, SweepOptions, SweepReport,
+    TenantQuery, TenantRecord, TrashRecord, TENANT_STATES,
+};
 pub use control_plane::{
     control_plane_version, setup, supported_version, SetupReport, CONTROL_SCHEMA,
 };
@@ -38,7 +44,7 @@ pub use control_plane::{
 pub use deadpool_postgres;
 pub use error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 pub use event::Event;
-pub use handle::{BoxFuture, TenantHandle};
+pub use handle::{ActiveWork, BoxFuture, TenantHandle};
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use options::{HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
 pub use router::{CloseReport, Router, Summary, TenantStatus};

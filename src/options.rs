@@ -32,6 +32,7 @@ pub struct RouterOptions {
     pub(crate) close_concurrency: usize,
     pub(crate) reservation: Duration,
     pub(crate) handoff_policy: HandoffPolicy,
+    pub(crate) migrations: std::sync::Arc<Vec<refinery::Migration>>,
 }
 
 /// What the owner does when another replica asks for one of its tenants with
@@ -107,6 +108,7 @@ impl RouterOptions {
             close_concurrency: 8,
             reservation: Duration::from_secs(5),
             handoff_policy: HandoffPolicy::Accept,
+            migrations: std::sync::Arc::new(Vec::new()),
         }
     }
 
@@ -203,6 +205,34 @@ impl RouterOptions {
     pub fn handoff_policy(mut self, policy: HandoffPolicy) -> Self {
         self.handoff_policy = policy;
         self
+    }
+
+    /// The application's tenant migrations (a refinery runner, e.g. from
+    /// `refinery::embed_migrations!`). They run in each tenant's schema, under its lease: at
+    /// creation in the same transaction as the schema, and on open when the tenant is behind.
+    ///
+    /// ```no_run
+    /// mod tenant_schema {
+    ///     refinery::embed_migrations!("migrations/tenant");
+    /// }
+    /// # fn f(options: pgtenant::RouterOptions) -> pgtenant::RouterOptions {
+    /// options.migrations(tenant_schema::migrations::runner())
+    /// # }
+    /// ```
+    pub fn migrations(mut self, runner: refinery::Runner) -> Self {
+        let mut migrations = runner.get_migrations().clone();
+        migrations.sort();
+        self.migrations = std::sync::Arc::new(migrations);
+        self
+    }
+
+    /// The version the tenant migrations bring a tenant to (0 without migrations).
+    pub(crate) fn code_version(&self) -> i64 {
+        self.migrations
+            .iter()
+            .map(|m| i64::from(m.version()))
+            .max()
+            .unwrap_or(0)
     }
 
     /// A free-form host label recorded in `pgtenant.replicas` (default: `$HOSTNAME`).

@@ -427,6 +427,85 @@ impl Router {
         self.wait_for(id, timeout).await
     }
 
+    /// Restores a forgotten tenant from the trash as a new life (its epoch bumps, its schema
+    /// gets the new life's name) and opens it here. Behind on migrations, it is upgraded like
+    /// any open.
+    ///
+    /// # Errors
+    /// [`Error::RestoreRefused`] when the id already has a new life or nothing is left in the
+    /// trash (swept); [`Error::LeaseHeld`]; database errors.
+    #[instrument(skip_all, fields(tenant = %id))]
+    pub async fn restore(&self, id: &TenantId) -> Result<TenantHandle> {
+        let shared = &self.shared;
+        if shared.closed.load(Ordering::Acquire) {
+            return Err(Error::RouterClosed);
+        }
+        let replica = &shared.options.replica_id;
+        let incarnation = shared.liveness.incarnation();
+        if incarnation == 0 {
+            return Err(Error::ReplicaDown {
+                replica_id: replica.clone(),
+            });
+        }
+        let context = || format!("restore tenant {id}");
+        let mut client = shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("restore a tenant"))?;
+        let current: i64 = client
+            .query_opt(
+                "SELECT epoch FROM pgtenant.tenants WHERE key = $1",
+                &[&id.key()],
+            )
+            .await
+            .map_err(Error::db(context()))?
+            .map(|row| row.get(0))
+            .ok_or_else(|| Error::TenantNotFound {
+                tenant: id.key().to_owned(),
+                message: "never created".to_owned(),
+            })?;
+        let row = client
+            .query_one(
+                "SELECT epoch, schema_name, schema_version FROM pgtenant.restore($1, $2, $3, $4)",
+                &[
+                    &id.key(),
+                    replica,
+                    &incarnation,
+                    &id.schema_name(current + 1),
+                ],
+            )
+            .await
+            .map_err(|error| match error.as_db_error() {
+                Some(db) if db.code().code() == "PTR01" => Error::RestoreRefused {
+                    tenant: id.key().to_owned(),
+                    reason: db.message().to_owned(),
+                },
+                _ => acquire_error(id, replica, error),
+            })?;
+        let (epoch, schema, version): (i64, String, i32) = (row.get(0), row.get(1), row.get(2));
+        if i64::from(version) < shared.options.code_version() {
+            if let Err(error) = migrate_existing(shared, &mut client, id, epoch, &schema).await {
+                return Err(after_failed_migration(shared, &client, id, epoch, error).await);
+            }
+        }
+        drop(client);
+        info!(epoch, %schema, "restored");
+        install_handle(
+            shared,
+            id,
+            epoch,
+            incarnation,
+            schema.clone(),
+            Event::Restored {
+                tenant: id.key().to_owned(),
+                epoch,
+                schema,
+            },
+        )
+        .await
+    }
+
     /// Clears a tenant's quarantine so it can be opened again; false when it was not
     /// quarantined.
     pub async fn clear_quarantine(&self, id: &TenantId) -> Result<bool> {
@@ -596,7 +675,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         .map_err(pool_error("acquire a lease"))?;
     let row = client
         .query_typed_one(
-            "SELECT epoch, schema_name, previous_owner, took_over, quarantine
+            "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version
                FROM pgtenant.acquire($1, $2, $3, $4, $5, $6)",
             &[
                 (&id.key(), Type::TEXT),
@@ -626,16 +705,41 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         });
     }
     tracing::Span::current().record("epoch", epoch);
+    let version = i64::from(row.get::<_, i32>(5));
+    let code = shared.options.code_version();
+    let give_back = |client| async move {
+        let _ = release_lease(client, id, epoch, replica, incarnation, "released", None).await;
+    };
     let schema = match schema {
-        Some(schema) => schema,
+        Some(_) if version > code => {
+            give_back(&client).await;
+            return Err(Error::SchemaAhead {
+                tenant: id.key().to_owned(),
+                found: version,
+                supported: code,
+            });
+        }
+        Some(schema) => {
+            if version < code {
+                let migrated = migrate_existing(shared, &mut client, id, epoch, &schema).await;
+                if let Err(error) = migrated {
+                    return Err(after_failed_migration(shared, &client, id, epoch, error).await);
+                }
+                shared.emit(Event::Migrated {
+                    tenant: id.key().to_owned(),
+                    epoch,
+                    from: version,
+                    to: code,
+                });
+            }
+            schema
+        }
         None => {
             let schema = id.schema_name(epoch);
-            if let Err(error) =
-                create_schema(&mut client, id, epoch, replica, incarnation, &schema).await
-            {
-                let _ =
-                    release_lease(&client, id, epoch, replica, incarnation, "released", None).await;
-                return Err(error);
+            let lease = (replica.as_str(), incarnation);
+            let created = create_schema(shared, &mut client, id, epoch, lease, &schema).await;
+            if let Err(error) = created {
+                return Err(after_failed_migration(shared, &client, id, epoch, error).await);
             }
             shared.emit(Event::Created {
                 tenant: id.key().to_owned(),
@@ -646,6 +750,31 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         }
     };
     drop(client);
+    info!(epoch, took_over = ?took_over, "acquired");
+    install_handle(
+        shared,
+        id,
+        epoch,
+        incarnation,
+        schema,
+        Event::Acquired {
+            tenant: id.key().to_owned(),
+            epoch,
+            took_over_from: took_over.and(previous),
+        },
+    )
+    .await
+}
+
+/// Registers a freshly acquired lease as this replica's handle.
+async fn install_handle(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    epoch: i64,
+    incarnation: i64,
+    schema: String,
+    event: Event,
+) -> Result<TenantHandle> {
     let inner = Arc::new(HandleInner::new(
         id.clone(),
         epoch,
@@ -654,12 +783,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         shared.clone(),
     ));
     lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
-    info!(epoch, took_over = ?took_over, "acquired");
-    shared.emit(Event::Acquired {
-        tenant: id.key().to_owned(),
-        epoch,
-        took_over_from: took_over.and(previous),
-    });
+    shared.emit(event);
     let handle = TenantHandle::from_inner(inner);
     // Closed while acquiring: give it straight back rather than leak it.
     if shared.closed.load(Ordering::Acquire) {
@@ -667,6 +791,82 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         return Err(Error::RouterClosed);
     }
     Ok(handle)
+}
+
+/// A migration that failed quarantines the tenant (which also ends the lease); any other
+/// failure just gives the lease back.
+async fn after_failed_migration(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    id: &TenantId,
+    epoch: i64,
+    error: Error,
+) -> Error {
+    let replica = &shared.options.replica_id;
+    let Error::MigrationFailed { cause } = error else {
+        let incarnation = shared.liveness.incarnation();
+        let _ = release_lease(client, id, epoch, replica, incarnation, "released", None).await;
+        return error;
+    };
+    let repair = "fix the migration (or the tenant's data it trips on) and deploy it, then clear the quarantine (Router::clear_quarantine)";
+    let quarantined = client
+        .execute(
+            "SELECT pgtenant.quarantine($1, $2, $3, $4)",
+            &[&id.key(), &cause, &repair, replica],
+        )
+        .await;
+    if let Err(db) = quarantined {
+        warn!(error = %Error::db("quarantine")(db), "could not record the quarantine");
+    }
+    warn!(%cause, "tenant quarantined");
+    shared.emit(Event::Quarantined {
+        tenant: id.key().to_owned(),
+        cause: cause.clone(),
+    });
+    Error::Quarantined {
+        tenant: id.key().to_owned(),
+        cause,
+        repair: repair.to_owned(),
+    }
+}
+
+/// Brings an existing tenant up to the code's version, in one fenced transaction.
+pub(crate) async fn migrate_existing(
+    shared: &Shared,
+    client: &mut deadpool_postgres::Object,
+    id: &TenantId,
+    epoch: i64,
+    schema: &str,
+) -> Result<()> {
+    let context = || format!("migrate tenant {id} at epoch {epoch}");
+    let tx = client.transaction().await.map_err(Error::db(context()))?;
+    tx.query_one(
+        "SELECT set_config('search_path', pgtenant.fence($1, $2), true)",
+        &[&id.key(), &epoch],
+    )
+    .await
+    .map_err(Error::db(context()))?;
+    let applied = crate::ledger::apply(&tx, &shared.options.migrations).await?;
+    let code = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
+    tx.execute(
+        "UPDATE pgtenant.tenants SET schema_version = $3 WHERE key = $1 AND epoch = $2",
+        &[&id.key(), &epoch, &code],
+    )
+    .await
+    .map_err(Error::db(context()))?;
+    tx.execute(
+        "INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, detail)
+         VALUES ($1, 'migrated', $2, $3, $4)",
+        &[
+            &id.key(),
+            &epoch,
+            &shared.options.replica_id,
+            &format!("{schema}: {}", applied.join(", ")),
+        ],
+    )
+    .await
+    .map_err(Error::db(context()))?;
+    tx.commit().await.map_err(Error::db(context()))
 }
 
 /// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
@@ -818,13 +1018,14 @@ fn acquire_error(id: &TenantId, replica: &str, error: tokio_postgres::Error) -> 
     }
 }
 
-/// A new life's schema, created under the lease in one transaction: all or nothing.
+/// A new life's schema and the application's migrations, created under the lease in one
+/// transaction: all or nothing.
 async fn create_schema(
+    shared: &Shared,
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
     epoch: i64,
-    replica: &str,
-    incarnation: i64,
+    (replica, incarnation): (&str, i64),
     schema: &str,
 ) -> Result<()> {
     let context = || format!("create schema {schema} for tenant {id}");
@@ -849,9 +1050,14 @@ async fn create_schema(
     tx.batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
         .map_err(Error::db(context()))?;
+    tx.execute("SELECT set_config('search_path', $1, true)", &[&schema])
+        .await
+        .map_err(Error::db(context()))?;
+    crate::ledger::apply(&tx, &shared.options.migrations).await?;
+    let version = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
     tx.execute(
-        "UPDATE pgtenant.tenants SET schema_name = $2, schema_version = 0 WHERE key = $1",
-        &[&id.key(), &schema],
+        "UPDATE pgtenant.tenants SET schema_name = $2, schema_version = $3 WHERE key = $1",
+        &[&id.key(), &schema, &version],
     )
     .await
     .map_err(Error::db(context()))?;
