@@ -40,6 +40,9 @@ CREATE TABLE pgtenant.tenants (
     acquired_at         timestamptz,
     reserved_for        text,
     reserved_until      timestamptz,
+    -- Second key of the tenant's fence lock, pg_advisory_xact_lock(<tenant namespace>, lock_key):
+    -- fenced transactions hold it shared, acquire and forget exclusive.
+    lock_key            integer GENERATED ALWAYS AS IDENTITY UNIQUE,
     CHECK (key = organization || '/' || ledger),
     CHECK ((owner IS NULL) = (owner_incarnation IS NULL)),
     CHECK ((quarantine_cause IS NULL) = (quarantined_at IS NULL))
@@ -82,6 +85,10 @@ CREATE INDEX history_at ON pgtenant.history (at);
 -- The namespace (first key) of every pgtenant advisory lock: 'pgt1' as an integer.
 CREATE FUNCTION pgtenant.lock_namespace() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1885828145 $$;
+
+-- The namespace of tenant fence locks (transaction-level): 'pgt2'.
+CREATE FUNCTION pgtenant.tenant_lock_namespace() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1885828146 $$;
 
 -- Liveness of every replica, read from the lock table once per query (pg_locks copies the
 -- whole lock table, so it must never be evaluated per tenant row).
@@ -202,7 +209,8 @@ END $$;
 CREATE FUNCTION pgtenant.acquire(p_key text, p_organization text, p_ledger text,
                                  p_replica text, p_incarnation bigint, p_create boolean)
 RETURNS TABLE (epoch bigint, schema_name text, forgotten_at_epoch bigint,
-               schema_version integer, previous_owner text, took_over text, quarantine text)
+               schema_version integer, previous_owner text, took_over text, quarantine text,
+               lock_key integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     t pgtenant.tenants%ROWTYPE;
@@ -258,9 +266,12 @@ BEGIN
             'restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine',
             p_replica);
         RETURN QUERY SELECT t.epoch, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner,
-                            NULL::text, format('schema %s is missing', t.schema_name);
+                            NULL::text, format('schema %s is missing', t.schema_name), t.lock_key;
         RETURN;
     END IF;
+    -- The serialization point: waits for every fenced transaction in flight (they hold this
+    -- lock shared until they end); fences that start later see the new epoch.
+    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
     UPDATE pgtenant.tenants
        SET epoch = t.epoch + 1, owner = p_replica, owner_incarnation = p_incarnation,
            acquired_at = now(), reserved_for = NULL, reserved_until = NULL
@@ -273,7 +284,7 @@ BEGIN
     INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
     VALUES (p_key, 'acquired', t.epoch + 1, p_replica, p_incarnation,
             CASE WHEN v_took_over IS NOT NULL THEN format('from %s (%s)', t.owner, v_took_over) END);
-    RETURN QUERY SELECT t.epoch + 1, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner, v_took_over, NULL::text;
+    RETURN QUERY SELECT t.epoch + 1, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner, v_took_over, NULL::text, t.lock_key;
 END $$;
 
 -- Quarantines a tenant: kept out of service, cause and repair shown in lease_status, not
@@ -329,10 +340,72 @@ BEGIN
     RETURN true;
 END $$;
 
--- The fence: first statement of every fenced transaction. Locks the tenant row FOR KEY SHARE
--- until commit (an acquirer's FOR UPDATE waits for it), refuses a stale, released or
--- forgotten epoch, and returns the live schema for search_path.
+-- Raises the fence's refusal for (p_key, p_epoch): PTF02 forgotten, PTF01 otherwise.
+CREATE FUNCTION pgtenant.fence_refusal(p_key text, p_epoch bigint, v_epoch bigint, v_owner text,
+                                       v_schema text, v_forgotten bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF v_epoch IS NULL OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF02',
+            MESSAGE = format('pgtenant: tenant %s was forgotten; epoch %s can never commit again', p_key, p_epoch);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'PTF01',
+        MESSAGE = format('pgtenant fenced: tenant %s is at epoch %s (%s); this handle holds epoch %s',
+                         p_key, v_epoch, coalesce('owner ' || v_owner, 'released'), p_epoch),
+        HINT = 'the lease was lost; open the tenant again';
+END $$;
+
+-- The fence: first statement of every fenced transaction. Refuses a stale, released or
+-- forgotten epoch, pins search_path to the live schema for this transaction only, and bounds
+-- how long the transaction may sit idle (a paused owner must not hold up its successor).
+--
+-- Serialization with acquire/forget, which take the tenant's fence lock exclusively before
+-- changing the epoch: in READ COMMITTED the fence holds that lock shared until the transaction
+-- ends, and reads the row afterwards with a fresh snapshot (a VOLATILE function's statements
+-- each take one), so it sees any acquisition that committed while it waited. No row lock: no
+-- WAL record and no multixact per transaction. Under REPEATABLE READ or SERIALIZABLE the
+-- transaction snapshot may predate the wait, so it locks the row FOR KEY SHARE instead, which
+-- fails with a serialization error if the row changed after the snapshot.
+CREATE FUNCTION pgtenant.fence(p_key text, p_epoch bigint, p_lock integer, p_idle_ms text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+    v_owner text;
+    v_schema text;
+    v_forgotten bigint;
+    v_lock integer;
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(1885828146, p_lock);
+        SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
+          INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
+          FROM pgtenant.tenants t WHERE t.key = p_key;
+    ELSE
+        SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
+          INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
+          FROM pgtenant.tenants t WHERE t.key = p_key FOR KEY SHARE;
+    END IF;
+    IF v_lock IS DISTINCT FROM p_lock THEN
+        -- The wrong lock would not serialize with this tenant's acquisitions: never pass.
+        RAISE EXCEPTION 'pgtenant: lock key % is not tenant %''s', p_lock, p_key;
+    END IF;
+    IF v_epoch <> p_epoch OR v_owner IS NULL OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
+        PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
+    END IF;
+    PERFORM set_config('search_path', v_schema, true);
+    PERFORM set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
+    RETURN v_schema;
+END $$;
+
+-- The fence for psql and SQL callers: looks the lock key up itself.
 CREATE FUNCTION pgtenant.fence(p_key text, p_epoch bigint) RETURNS text
+LANGUAGE sql AS $$
+    SELECT pgtenant.fence(p_key, p_epoch,
+        coalesce((SELECT lock_key FROM pgtenant.tenants WHERE key = p_key), 0), '0')
+$$;
+
+-- The read-only variant: the same checks, no lock.
+CREATE FUNCTION pgtenant.fence_read(p_key text, p_epoch bigint, p_idle_ms text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     v_epoch bigint;
@@ -342,41 +415,12 @@ DECLARE
 BEGIN
     SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch
       INTO v_epoch, v_owner, v_schema, v_forgotten
-      FROM pgtenant.tenants t WHERE t.key = p_key FOR KEY SHARE;
-    IF NOT FOUND OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF02',
-            MESSAGE = format('pgtenant: tenant %s was forgotten; epoch %s can never commit again', p_key, p_epoch);
-    END IF;
-    IF v_epoch <> p_epoch OR v_owner IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF01',
-            MESSAGE = format('pgtenant fenced: tenant %s is at epoch %s (%s); this handle holds epoch %s',
-                             p_key, v_epoch, coalesce('owner ' || v_owner, 'released'), p_epoch),
-            HINT = 'the lease was lost; open the tenant again';
-    END IF;
-    RETURN v_schema;
-END $$;
-
--- The read-only variant: the same checks without the row lock.
-CREATE FUNCTION pgtenant.fence_read(p_key text, p_epoch bigint) RETURNS text
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_epoch bigint;
-    v_owner text;
-    v_schema text;
-    v_forgotten bigint;
-BEGIN
-    SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch
-      INTO v_epoch, v_owner, v_schema, v_forgotten
       FROM pgtenant.tenants t WHERE t.key = p_key;
-    IF NOT FOUND OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF02',
-            MESSAGE = format('pgtenant: tenant %s was forgotten', p_key);
+    IF v_epoch IS NULL OR v_epoch <> p_epoch OR v_owner IS NULL OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
+        PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
     END IF;
-    IF v_epoch <> p_epoch OR v_owner IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF01',
-            MESSAGE = format('pgtenant fenced: tenant %s is at epoch %s; this handle holds epoch %s', p_key, v_epoch, p_epoch),
-            HINT = 'the lease was lost; open the tenant again';
-    END IF;
+    PERFORM set_config('search_path', v_schema, true);
+    PERFORM set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
     RETURN v_schema;
 END $$;
 
@@ -405,6 +449,8 @@ BEGIN
     IF t.schema_name IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'PTF02', MESSAGE = format('tenant %s has no live schema', p_key);
     END IF;
+    -- Waits for the fenced transactions in flight; none of this epoch passes the fence after.
+    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
     v_trash := 'trash_' || t.schema_name;
     EXECUTE format('ALTER SCHEMA %I RENAME TO %I', t.schema_name, v_trash);
     UPDATE pgtenant.tenants
@@ -422,7 +468,7 @@ END $$;
 -- the schema to p_new_schema (the new life's name) and takes the lease for the caller.
 -- Refused (PTR01) when the tenant has a live schema again, or nothing is left in the trash.
 CREATE FUNCTION pgtenant.restore(p_key text, p_replica text, p_incarnation bigint, p_new_schema_for_epoch text)
-RETURNS TABLE (epoch bigint, schema_name text, schema_version integer)
+RETURNS TABLE (epoch bigint, schema_name text, schema_version integer, lock_key integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     t pgtenant.tenants%ROWTYPE;
@@ -460,6 +506,7 @@ BEGIN
     IF p_new_schema_for_epoch !~ ('_' || (t.epoch + 1) || '_[0-9a-f]{10}$') THEN
         RAISE EXCEPTION 'schema name % is not for epoch %', p_new_schema_for_epoch, t.epoch + 1;
     END IF;
+    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
     EXECUTE format('ALTER SCHEMA %I RENAME TO %I', g.schema_name, p_new_schema_for_epoch);
     DELETE FROM pgtenant.trash tr WHERE tr.schema_name = g.schema_name;
     UPDATE pgtenant.tenants
@@ -470,5 +517,5 @@ BEGIN
     INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
     VALUES (p_key, 'restored', t.epoch + 1, p_replica, p_incarnation,
             format('from %s (epoch %s) as %s', g.schema_name, g.epoch, p_new_schema_for_epoch));
-    RETURN QUERY SELECT t.epoch + 1, p_new_schema_for_epoch, g.schema_version;
+    RETURN QUERY SELECT t.epoch + 1, p_new_schema_for_epoch, g.schema_version, t.lock_key;
 END $$;

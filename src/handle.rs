@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use tokio::sync::Notify;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
@@ -27,15 +27,15 @@ const LOST: u8 = 3;
 /// The first statement of every fenced transaction: the fence (row lock + epoch check) pins
 /// search_path for this transaction only, and an idle-in-transaction timeout bounds how long a
 /// paused owner can hold the tenant row against a successor.
-const FENCE_SQL: &str = "SELECT set_config('search_path', pgtenant.fence($1, $2), true),
-        set_config('idle_in_transaction_session_timeout', $3, true)";
-const FENCE_READ_SQL: &str = "SELECT set_config('search_path', pgtenant.fence_read($1, $2), true),
-        set_config('idle_in_transaction_session_timeout', $3, true)";
+const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
+const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $4) WHERE $3::integer IS NOT NULL";
 
 pub(crate) struct HandleInner {
     pub(crate) id: TenantId,
     pub(crate) epoch: i64,
     pub(crate) incarnation: i64,
+    /// The tenant's fence lock key (`pgtenant.tenants.lock_key`).
+    pub(crate) lock_key: i32,
     schema: String,
     state: AtomicU8,
     in_flight: AtomicUsize,
@@ -63,6 +63,7 @@ impl HandleInner {
         id: TenantId,
         epoch: i64,
         incarnation: i64,
+        lock_key: i32,
         schema: String,
         router: Arc<Shared>,
     ) -> Self {
@@ -70,6 +71,7 @@ impl HandleInner {
             id,
             epoch,
             incarnation,
+            lock_key,
             schema,
             state: AtomicU8::new(SERVING),
             in_flight: AtomicUsize::new(0),
@@ -305,6 +307,11 @@ impl TenantHandle {
             .get()
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
+        // Prepared once per pooled connection: the fence then costs the server no parse or plan.
+        let fence_statement = client
+            .prepare_cached(if read_only { FENCE_READ_SQL } else { FENCE_SQL })
+            .await
+            .map_err(Error::db("prepare the fence"))?;
         let client: &mut tokio_postgres::Client = &mut client;
         let _cancel = CancelOnForget::register(inner, client.cancel_token());
         let tx = client
@@ -313,15 +320,15 @@ impl TenantHandle {
             .start()
             .await
             .map_err(Error::db("begin tenant transaction"))?;
-        let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
         let key = inner.id.key();
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&key, Type::TEXT),
-            (&inner.epoch, Type::INT8),
-            (&inner.router.idle_timeout_ms, Type::TEXT),
+        let params: [&(dyn ToSql + Sync); 4] = [
+            &key,
+            &inner.epoch,
+            &inner.lock_key,
+            &inner.router.idle_timeout_ms,
         ];
         let (outcome, fenced) = {
-            let mut fence = pin!(tx.query_typed(sql, &params));
+            let mut fence = pin!(tx.query(&fence_statement, &params));
             // One poll puts the fence on the wire ahead of the work's statements: they travel
             // in the same flight and PostgreSQL runs them in order.
             let early = poll_fn(|cx| Poll::Ready(fence.as_mut().poll(cx))).await;

@@ -211,12 +211,16 @@ impl RouterOptions {
     /// `refinery::embed_migrations!`). They run in each tenant's schema, under its lease: at
     /// creation in the same transaction as the schema, and on open when the tenant is behind.
     ///
-    /// ```no_run
-    /// mod tenant_schema {
-    ///     refinery::embed_migrations!("migrations/tenant");
-    /// }
-    /// # fn f(options: pgtenant::RouterOptions) -> pgtenant::RouterOptions {
-    /// options.migrations(tenant_schema::migrations::runner())
+    /// Usually `embed_migrations!("migrations/tenant")` and its `migrations::runner()`; or built
+    /// in code:
+    ///
+    /// ```
+    /// # fn f(options: pgtenant::RouterOptions) -> Result<pgtenant::RouterOptions, refinery::Error> {
+    /// let runner = refinery::Runner::new(&[
+    ///     refinery::Migration::unapplied("V1__accounts", "CREATE TABLE accounts (id bigint PRIMARY KEY)")?,
+    ///     refinery::Migration::unapplied("V2__entries", "CREATE TABLE entries (account bigint, amount bigint)")?,
+    /// ]);
+    /// Ok(options.migrations(runner))
     /// # }
     /// ```
     pub fn migrations(mut self, runner: refinery::Runner) -> Self {

@@ -467,7 +467,7 @@ impl Router {
             })?;
         let row = client
             .query_one(
-                "SELECT epoch, schema_name, schema_version FROM pgtenant.restore($1, $2, $3, $4)",
+                "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4)",
                 &[
                     &id.key(),
                     replica,
@@ -484,8 +484,11 @@ impl Router {
                 _ => acquire_error(id, replica, error),
             })?;
         let (epoch, schema, version): (i64, String, i32) = (row.get(0), row.get(1), row.get(2));
+        let lock_key: i32 = row.get(3);
         if i64::from(version) < shared.options.code_version() {
-            if let Err(error) = migrate_existing(shared, &mut client, id, epoch, &schema).await {
+            let migrated =
+                migrate_existing(shared, &mut client, id, (epoch, lock_key), &schema).await;
+            if let Err(error) = migrated {
                 return Err(after_failed_migration(shared, &client, id, epoch, error).await);
             }
         }
@@ -494,8 +497,7 @@ impl Router {
         install_handle(
             shared,
             id,
-            epoch,
-            incarnation,
+            (epoch, incarnation, lock_key),
             schema.clone(),
             Event::Restored {
                 tenant: id.key().to_owned(),
@@ -675,7 +677,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         .map_err(pool_error("acquire a lease"))?;
     let row = client
         .query_typed_one(
-            "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version
+            "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
                FROM pgtenant.acquire($1, $2, $3, $4, $5, $6)",
             &[
                 (&id.key(), Type::TEXT),
@@ -706,6 +708,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
     }
     tracing::Span::current().record("epoch", epoch);
     let version = i64::from(row.get::<_, i32>(5));
+    let lock_key: i32 = row.get(6);
     let code = shared.options.code_version();
     let give_back = |client| async move {
         let _ = release_lease(client, id, epoch, replica, incarnation, "released", None).await;
@@ -721,7 +724,8 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
         }
         Some(schema) => {
             if version < code {
-                let migrated = migrate_existing(shared, &mut client, id, epoch, &schema).await;
+                let migrated =
+                    migrate_existing(shared, &mut client, id, (epoch, lock_key), &schema).await;
                 if let Err(error) = migrated {
                     return Err(after_failed_migration(shared, &client, id, epoch, error).await);
                 }
@@ -754,8 +758,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
     install_handle(
         shared,
         id,
-        epoch,
-        incarnation,
+        (epoch, incarnation, lock_key),
         schema,
         Event::Acquired {
             tenant: id.key().to_owned(),
@@ -770,8 +773,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
 async fn install_handle(
     shared: &Arc<Shared>,
     id: &TenantId,
-    epoch: i64,
-    incarnation: i64,
+    (epoch, incarnation, lock_key): (i64, i64, i32),
     schema: String,
     event: Event,
 ) -> Result<TenantHandle> {
@@ -779,6 +781,7 @@ async fn install_handle(
         id.clone(),
         epoch,
         incarnation,
+        lock_key,
         schema,
         shared.clone(),
     ));
@@ -835,14 +838,14 @@ pub(crate) async fn migrate_existing(
     shared: &Shared,
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
-    epoch: i64,
+    (epoch, lock_key): (i64, i32),
     schema: &str,
 ) -> Result<()> {
     let context = || format!("migrate tenant {id} at epoch {epoch}");
     let tx = client.transaction().await.map_err(Error::db(context()))?;
     tx.query_one(
-        "SELECT set_config('search_path', pgtenant.fence($1, $2), true)",
-        &[&id.key(), &epoch],
+        "SELECT pgtenant.fence($1, $2, $3, $4)",
+        &[&id.key(), &epoch, &lock_key, &shared.idle_timeout_ms],
     )
     .await
     .map_err(Error::db(context()))?;

@@ -21,7 +21,13 @@ pub(crate) fn sweep_temp_dirs_once() {
 }
 
 fn sweep_temp_dirs() {
-    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+    sweep_temp_dirs_in(&std::env::temp_dir());
+}
+
+/// The sweep of one parent directory (tests pass their own, so no concurrent sweep of the
+/// shared temp dir races them).
+fn sweep_temp_dirs_in(parent: &std::path::Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
     for entry in entries.flatten() {
@@ -137,8 +143,8 @@ mod tests {
     use crate::database::quote_ident;
     use crate::TestDatabase;
 
-    fn make_dir(name: &str, owner: u32, age: Duration) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!(
+    fn make_dir(root: &std::path::Path, name: &str, owner: u32, age: Duration) -> std::path::PathBuf {
+        let dir = root.join(format!(
             "{TEMP_PREFIX}sweeptest-{}-{name}",
             std::process::id()
         ));
@@ -161,15 +167,16 @@ mod tests {
     fn removes_only_old_directories_of_dead_processes() {
         let hour = Duration::from_secs(3600);
         // Far above any pid_max, so no process has it.
-        let stale = make_dir("stale", 999_999_999, 2 * hour);
-        let young = make_dir("young", 999_999_999, Duration::from_secs(60));
-        let live_owner = make_dir("live", std::os::unix::process::parent_id(), 2 * hour);
-        sweep_temp_dirs();
+        let root = std::env::temp_dir().join(format!("pgtenant-sweep-unit-{}", std::process::id()));
+        fs::create_dir_all(&root).expect("root");
+        let stale = make_dir(&root, "stale", 999_999_999, 2 * hour);
+        let young = make_dir(&root, "young", 999_999_999, Duration::from_secs(60));
+        let live_owner = make_dir(&root, "live", std::os::unix::process::parent_id(), 2 * hour);
+        sweep_temp_dirs_in(&root);
         assert!(!stale.exists(), "stale dir kept");
         assert!(young.exists(), "young dir removed");
         assert!(live_owner.exists(), "dir of a live process removed");
-        fs::remove_dir_all(young).expect("cleanup");
-        fs::remove_dir_all(live_owner).expect("cleanup");
+        fs::remove_dir_all(root).expect("cleanup");
     }
 
     #[tokio::test]
