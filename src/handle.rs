@@ -19,6 +19,9 @@ use crate::router::{pool_error, release_lease, Shared};
 /// [`TenantHandle::run`] returns (`|tx| Box::pin(async move { … })`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// How often `forget(ActiveWork::Cancel)` repeats its cancel requests while work remains.
+const CANCEL_REPEAT: std::time::Duration = std::time::Duration::from_millis(50);
+
 const SERVING: u8 = 0;
 const DRAINING: u8 = 1;
 const RELEASED: u8 = 2;
@@ -85,6 +88,10 @@ impl HandleInner {
     pub(crate) fn is_serving(&self) -> bool {
         self.state.load(Ordering::Acquire) == SERVING
             && self.router.liveness.incarnation() == self.incarnation
+    }
+
+    pub(crate) fn schema(&self) -> &str {
+        &self.schema
     }
 
     pub(crate) fn is_draining(&self) -> bool {
@@ -468,19 +475,30 @@ impl TenantHandle {
                 in_flight,
             });
         }
-        if active == ActiveWork::Cancel {
-            let tokens: Vec<CancelToken> =
-                lock_cancels(inner).iter().map(|(_, t)| t.clone()).collect();
-            for token in tokens {
-                // A cancel that arrives between statements is a no-op; the drain below covers it.
-                let _ = token.cancel_query(NoTls).await;
-            }
-        }
         let timeout = inner.router.options.drain_timeout;
-        if tokio::time::timeout(timeout, self.wait_idle())
+        let drained = if active == ActiveWork::Cancel {
+            // A cancel reaches only the statement running at that moment: repeat it until the
+            // work ends, so work between statements is caught at its next one.
+            tokio::time::timeout(timeout, async {
+                loop {
+                    let tokens: Vec<CancelToken> =
+                        lock_cancels(inner).iter().map(|(_, t)| t.clone()).collect();
+                    for token in tokens {
+                        let _ = token.cancel_query(NoTls).await;
+                    }
+                    if tokio::time::timeout(CANCEL_REPEAT, self.wait_idle())
+                        .await
+                        .is_ok()
+                    {
+                        return;
+                    }
+                }
+            })
             .await
-            .is_err()
-        {
+        } else {
+            tokio::time::timeout(timeout, self.wait_idle()).await
+        };
+        if drained.is_err() {
             inner.transition(DRAINING, SERVING);
             return Err(Error::DrainTimeout {
                 tenant: inner.id.key().to_owned(),

@@ -47,7 +47,7 @@ pub use event::Event;
 pub use handle::{ActiveWork, BoxFuture, TenantHandle};
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use options::{HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
-pub use router::{CloseReport, Router, Summary, TenantStatus};
+pub use router::{CloseReport, MigrationOutcome, Router, Summary, TenantMigration, TenantStatus};
 /// Re-exported so applications use the same driver types pgtenant hands out.
 pub use tokio_postgres;
 

@@ -66,6 +66,52 @@ pub(crate) struct Shared {
     closed: AtomicBool,
 }
 
+/// What [`Router::migrate_all`] did for one tenant.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MigrationOutcome {
+    /// Brought from one version to the code's.
+    Migrated {
+        /// Version before.
+        from: i64,
+        /// Version after.
+        to: i64,
+    },
+    /// Up to date by the time it was reached.
+    UpToDate,
+    /// Held by another live replica: not migrated behind its owner's back (it migrates the
+    /// tenant itself at its next open once it runs this code).
+    HeldElsewhere {
+        /// The owner.
+        owner: String,
+    },
+    /// A migration failed: the tenant is quarantined.
+    Quarantined {
+        /// The failing migration and the database's message.
+        cause: String,
+    },
+    /// Something else went wrong (the database, a lease lost): retry later.
+    Failed {
+        /// What.
+        error: String,
+    },
+}
+
+/// One tenant's result in [`Router::migrate_all`], also passed to its progress callback.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct TenantMigration {
+    /// The tenant key.
+    pub tenant: String,
+    /// What happened.
+    pub outcome: MigrationOutcome,
+    /// Tenants finished so far, this one included.
+    pub done: usize,
+    /// Tenants to do in this run.
+    pub total: usize,
+}
+
 /// What [`Router::close`] did.
 #[derive(Debug, Default)]
 #[non_exhaustive]
@@ -588,6 +634,109 @@ impl Router {
                 in_flight,
             },
         })
+    }
+
+    /// Brings every tenant behind on migrations up to this code's version, `concurrency` at a
+    /// time, calling `progress` after each. The tenants are chosen with one query (live, not
+    /// quarantined, version below the code's). A tenant this replica serves is migrated under
+    /// its lease; a free one is opened (which migrates it) and released; one held by another
+    /// live replica is reported, never migrated behind its owner's back.
+    pub async fn migrate_all(
+        &self,
+        concurrency: usize,
+        progress: impl Fn(&TenantMigration),
+    ) -> Result<Vec<TenantMigration>> {
+        if !(1..=1024).contains(&concurrency) {
+            return Err(Error::InvalidOption {
+                option: "concurrency",
+                reason: format!("{concurrency} is outside 1..=1024"),
+            });
+        }
+        let code = self.shared.options.code_version();
+        let code32 = i32::try_from(code).unwrap_or(i32::MAX);
+        let behind: Vec<(String, i64)> = {
+            let client = self
+                .shared
+                .pool
+                .get()
+                .await
+                .map_err(pool_error("list tenants behind"))?;
+            client
+                .query(
+                    "SELECT key, schema_version FROM pgtenant.tenants
+                      WHERE schema_name IS NOT NULL AND quarantine_cause IS NULL AND schema_version < $1
+                      ORDER BY key",
+                    &[&code32],
+                )
+                .await
+                .map_err(Error::db("list tenants behind on migrations"))?
+                .iter()
+                .map(|row| (row.get(0), i64::from(row.get::<_, i32>(1))))
+                .collect()
+        };
+        let total = behind.len();
+        let queue = Mutex::new(behind.into_iter());
+        let results = Mutex::new(Vec::with_capacity(total));
+        let lane = || async {
+            loop {
+                let next = lock(&queue).next();
+                let Some((key, from)) = next else { return };
+                let outcome = match TenantId::parse(&key) {
+                    Ok(id) => self.migrate_one(&id, from, code).await,
+                    Err(error) => MigrationOutcome::Failed {
+                        error: error.to_string(),
+                    },
+                };
+                let mut results = lock(&results);
+                let entry = TenantMigration {
+                    tenant: key,
+                    outcome,
+                    done: results.len() + 1,
+                    total,
+                };
+                progress(&entry);
+                results.push(entry);
+            }
+        };
+        futures_join_all((0..concurrency).map(|_| lane())).await;
+        Ok(results
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    async fn migrate_one(&self, id: &TenantId, from: i64, code: i64) -> MigrationOutcome {
+        let failed = |error: Error| match error {
+            Error::Quarantined { cause, .. } => MigrationOutcome::Quarantined { cause },
+            Error::LeaseHeld { owner, .. } => MigrationOutcome::HeldElsewhere { owner },
+            other => MigrationOutcome::Failed {
+                error: other.to_string(),
+            },
+        };
+        let served = lock(&self.shared.handles)
+            .get(id.key())
+            .filter(|h| h.is_serving())
+            .cloned();
+        if let Some(inner) = served {
+            let shared = &self.shared;
+            let mut client = match shared.pool.get().await {
+                Ok(client) => client,
+                Err(error) => return failed(pool_error("migrate a tenant")(error)),
+            };
+            let lease = (inner.epoch, inner.lock_key);
+            return match migrate_existing(shared, &mut client, id, lease, inner.schema()).await {
+                Ok(()) => MigrationOutcome::Migrated { from, to: code },
+                Err(error) => {
+                    failed(after_failed_migration(shared, &client, id, inner.epoch, error).await)
+                }
+            };
+        }
+        match self.open(id).await {
+            Ok(handle) => {
+                let _ = handle.release().await;
+                MigrationOutcome::Migrated { from, to: code }
+            }
+            Err(error) => failed(error),
+        }
     }
 
     /// This replica at a glance, from memory (no database call).

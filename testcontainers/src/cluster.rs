@@ -92,6 +92,8 @@ pub(crate) struct Cluster {
     bindir: PathBuf,
     run_as: Option<RunAs>,
     durability: Durability,
+    /// Extra `-c name=value` server settings, after the test kit's own (so they win).
+    settings: Vec<(String, String)>,
     postmaster: Mutex<Option<Child>>,
     /// Serializes stop and start, which each take several awaits.
     ops: tokio::sync::Mutex<()>,
@@ -113,6 +115,13 @@ impl From<TestkitError> for StartError {
 impl Cluster {
     /// initdb in a new temporary directory, then start on a free port.
     pub(crate) async fn start(durability: Durability) -> Result<Cluster, TestkitError> {
+        Cluster::start_with(durability, Vec::new()).await
+    }
+
+    pub(crate) async fn start_with(
+        durability: Durability,
+        settings: Vec<(String, String)>,
+    ) -> Result<Cluster, TestkitError> {
         let bindir = find_bindir().map_err(TestkitError::Cluster)?;
         let run_as = run_as()?;
         let dir = make_temp_dir(run_as.as_ref())?;
@@ -126,6 +135,7 @@ impl Cluster {
             bindir,
             run_as,
             durability,
+            settings,
             postmaster: Mutex::new(None),
             ops: tokio::sync::Mutex::new(()),
             watchdog: Mutex::new(watchdog),
@@ -256,6 +266,9 @@ impl Cluster {
             cmd.args(["-c", "fsync=off"])
                 .args(["-c", "synchronous_commit=off"])
                 .args(["-c", "full_page_writes=off"]);
+        }
+        for (name, value) in &self.settings {
+            cmd.arg("-c").arg(format!("{name}={value}"));
         }
         cmd.env_remove("PGDATA")
             .current_dir(&self.dir)
@@ -700,9 +713,22 @@ impl LocalCluster {
     /// As root, initdb and postgres run as the `postgres` (else `nobody`)
     /// user, since both refuse to run as root.
     pub async fn start() -> Result<LocalCluster, TestkitError> {
+        LocalCluster::start_with_settings(&[]).await
+    }
+
+    /// Like [`LocalCluster::start`], with server settings of the test's own (`-c name=value`),
+    /// e.g. `&[("max_connections", "100")]` for a test that needs PostgreSQL's default lock
+    /// table size (the test kit otherwise raises `max_connections` to 200).
+    pub async fn start_with_settings(
+        settings: &[(&str, &str)],
+    ) -> Result<LocalCluster, TestkitError> {
         sweep::sweep_temp_dirs_once();
+        let settings = settings
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
         Ok(LocalCluster {
-            inner: Arc::new(Cluster::start(Durability::Durable).await?),
+            inner: Arc::new(Cluster::start_with(Durability::Durable, settings).await?),
         })
     }
 

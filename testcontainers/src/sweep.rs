@@ -143,7 +143,12 @@ mod tests {
     use crate::database::quote_ident;
     use crate::TestDatabase;
 
-    fn make_dir(root: &std::path::Path, name: &str, owner: u32, age: Duration) -> std::path::PathBuf {
+    fn make_dir(
+        root: &std::path::Path,
+        name: &str,
+        owner: u32,
+        age: Duration,
+    ) -> std::path::PathBuf {
         let dir = root.join(format!(
             "{TEMP_PREFIX}sweeptest-{}-{name}",
             std::process::id()
