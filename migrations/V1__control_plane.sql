@@ -375,15 +375,23 @@ DECLARE
     v_forgotten bigint;
     v_lock integer;
 BEGIN
+    -- Two statements on the hot path. search_path and the idle timeout are set in the same
+    -- SELECT as the checks: a refusal raises below, which aborts the transaction and with it
+    -- those transaction-local settings.
     IF current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM pg_advisory_xact_lock_shared(1885828146, p_lock);
         SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
           INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
-          FROM pgtenant.tenants t WHERE t.key = p_key;
+          FROM pgtenant.tenants t,
+               LATERAL (SELECT set_config('search_path', coalesce(t.schema_name, 'pg_catalog'), true),
+                               set_config('idle_in_transaction_session_timeout', p_idle_ms, true)) s
+         WHERE t.key = p_key;
     ELSE
         SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
           INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
-          FROM pgtenant.tenants t WHERE t.key = p_key FOR KEY SHARE;
+          FROM pgtenant.tenants t WHERE t.key = p_key FOR KEY SHARE OF t;
+        PERFORM set_config('search_path', v_schema, true),
+                set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
     END IF;
     IF v_lock IS DISTINCT FROM p_lock THEN
         -- The wrong lock would not serialize with this tenant's acquisitions: never pass.
@@ -392,8 +400,6 @@ BEGIN
     IF v_epoch <> p_epoch OR v_owner IS NULL OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
         PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
     END IF;
-    PERFORM set_config('search_path', v_schema, true);
-    PERFORM set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
     RETURN v_schema;
 END $$;
 
