@@ -224,6 +224,23 @@ pub async fn list_trash(client: &impl GenericClient) -> Result<Vec<TrashRecord>>
         .collect())
 }
 
+/// Clears a tenant's quarantine (recording `by` in the journal) so it can be opened again;
+/// false when it was not quarantined. Do it after the repair the quarantine names.
+pub async fn clear_quarantine(
+    client: &impl GenericClient,
+    id: &TenantId,
+    by: &str,
+) -> Result<bool> {
+    client
+        .query_one(
+            "SELECT pgtenant.clear_quarantine($1, $2)",
+            &[&id.key(), &by],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db(format!("clear the quarantine of tenant {id}")))
+}
+
 /// How [`sweep`] works.
 #[derive(Debug, Clone)]
 #[non_exhaustive]

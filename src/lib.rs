@@ -34,8 +34,8 @@ mod options;
 mod router;
 
 pub use admin::{
-    list_tenants, list_trash, parse_duration, show_tenant, sweep, SweepOptions, SweepReport,
-    TenantQuery, TenantRecord, TrashRecord, TENANT_STATES,
+    clear_quarantine, list_tenants, list_trash, parse_duration, show_tenant, sweep, SweepOptions,
+    SweepReport, TenantQuery, TenantRecord, TrashRecord, TENANT_STATES,
 };
 pub use control_plane::{
     control_plane_version, setup, supported_version, SetupReport, CONTROL_SCHEMA,

@@ -563,14 +563,7 @@ impl Router {
             .get()
             .await
             .map_err(pool_error("clear a quarantine"))?;
-        client
-            .query_one(
-                "SELECT pgtenant.clear_quarantine($1, $2)",
-                &[&id.key(), &self.shared.options.replica_id],
-            )
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(Error::db(format!("clear the quarantine of tenant {id}")))
+        crate::admin::clear_quarantine(&**client, id, &self.shared.options.replica_id).await
     }
 
     /// One tenant as the control plane sees it, with this replica's own view.

@@ -11,54 +11,120 @@ USAGE:
     pgtenant <COMMAND> [--database-url URL] [--json]
 
 COMMANDS:
-    setup     create or upgrade the control plane (schema pgtenant); idempotent
-    status    print replicas and tenants from pgtenant.replica_status and pgtenant.lease_status
-    demo      show pgtenant working; without a URL it starts a throwaway PostgreSQL
-    help      print this text
+    setup                 create or upgrade the control plane (schema pgtenant); idempotent
+    status                replicas and tenants, from pgtenant.replica_status and lease_status
+    tenants               tenants, a page at a time:
+                            [--owner REPLICA] [--state STATE] [--quarantined | --healthy]
+                            [--behind VERSION] [--after ORG/LEDGER] [--limit N]
+    show ORG/LEDGER       one tenant's record
+    trash                 trashed schemas
+    sweep                 drop trashed schemas past retention and masked ones
+                            [--retention 7d]   (s, m, h or d)
+    migrate --dir DIR     bring every tenant up to the SQL migrations in DIR (V<n>__name.sql)
+                            [--concurrency 8] [--replica ID]
+    clear ORG/LEDGER      clear a tenant's quarantine (after repairing what it names)
+    demo                  show pgtenant working; without a URL it starts a throwaway PostgreSQL
+    help                  print this text
 
 OPTIONS:
-    --database-url URL   the database (default: $DATABASE_URL)
-    --json               machine-readable output (status)
+    --database-url URL    the database (default: $DATABASE_URL)
+    --json                machine-readable output
 ";
 
 struct Args {
     command: String,
     database_url: Option<String>,
     json: bool,
+    /// Positional arguments after the command.
+    positional: Vec<String>,
+    /// `--name value` options and `--flag` switches (value "true").
+    options: std::collections::BTreeMap<String, String>,
 }
+
+/// Options that take a value, per command; every other `--x` is refused.
+const VALUED: [&str; 9] = [
+    "--owner",
+    "--state",
+    "--behind",
+    "--after",
+    "--limit",
+    "--retention",
+    "--dir",
+    "--concurrency",
+    "--replica",
+];
+const SWITCHES: [&str; 2] = ["--quarantined", "--healthy"];
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut command = None;
     let mut database_url = None;
     let mut json = false;
+    let mut positional = Vec::new();
+    let mut options = std::collections::BTreeMap::new();
     while let Some(arg) = args.next() {
-        match arg.as_str() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => {
+                (name.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg.clone(), None),
+        };
+        match name.as_str() {
             "--database-url" => {
-                database_url = Some(args.next().ok_or(
+                database_url = Some(inline.or_else(|| args.next()).ok_or(
                     "--database-url needs a value, e.g. postgres://postgres@127.0.0.1/app",
                 )?);
             }
             "--json" => json = true,
             "-h" | "--help" => command = Some("help".to_owned()),
-            other if other.starts_with("--database-url=") => {
-                database_url = Some(other["--database-url=".len()..].to_owned());
+            option if VALUED.contains(&option) => {
+                let value = inline
+                    .or_else(|| args.next())
+                    .ok_or(format!("{option} needs a value; see `pgtenant help`"))?;
+                options.insert(option.to_owned(), value);
+            }
+            switch if SWITCHES.contains(&switch) => {
+                options.insert(switch.to_owned(), "true".to_owned());
             }
             other if other.starts_with('-') => {
                 return Err(format!("unknown option {other:?}; see `pgtenant help`"))
             }
             other if command.is_none() => command = Some(other.to_owned()),
-            other => {
-                return Err(format!(
-                    "unexpected argument {other:?}; see `pgtenant help`"
-                ))
-            }
+            other => positional.push(other.to_owned()),
         }
     }
     Ok(Args {
         command: command.unwrap_or_else(|| "help".to_owned()),
         database_url: database_url.or_else(|| std::env::var("DATABASE_URL").ok()),
         json,
+        positional,
+        options,
     })
+}
+
+impl Args {
+    fn option(&self, name: &str) -> Option<&str> {
+        self.options.get(name).map(String::as_str)
+    }
+
+    fn number<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, String> {
+        match self.option(name) {
+            None => Ok(default),
+            Some(text) => text
+                .parse()
+                .map_err(|_| format!("{name} takes a whole number, not {text:?}")),
+        }
+    }
+
+    /// The one ORG/LEDGER argument of `show` and `clear`.
+    fn tenant(&self) -> Result<pgtenant::TenantId, String> {
+        match self.positional.as_slice() {
+            [key] => pgtenant::TenantId::parse(key).map_err(|e| e.to_string()),
+            _ => Err(format!(
+                "`pgtenant {}` takes one ORG/LEDGER argument",
+                self.command
+            )),
+        }
+    }
 }
 
 #[tokio::main]
@@ -80,6 +146,12 @@ async fn main() -> ExitCode {
             let json = args.json;
             with_database(&args, move |client| Box::pin(cmd_status(client, json))).await
         }
+        "tenants" => cmd_tenants(&args).await,
+        "show" => cmd_show(&args).await,
+        "trash" => cmd_trash(&args).await,
+        "sweep" => cmd_sweep(&args).await,
+        "migrate" => cmd_migrate(&args).await,
+        "clear" => cmd_clear(&args).await,
         "demo" => cmd_demo(&args).await,
         other => Err(format!("unknown command {other:?}; see `pgtenant help`")),
     };
@@ -185,6 +257,278 @@ async fn single_text(client: &Client, sql: &str) -> Result<String, String> {
     Err(format!("no row from {sql}"))
 }
 
+/// Prints rows as an aligned text table.
+fn print_rows(header: &[&str], rows: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|row| row[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    println!("  {}", line(header.to_vec()));
+    for row in rows {
+        println!("  {}", line(row.iter().map(String::as_str).collect()));
+    }
+    if rows.is_empty() {
+        println!("  (none)");
+    }
+}
+
+fn opt(value: &Option<impl ToString>) -> String {
+    value.as_ref().map(ToString::to_string).unwrap_or_default()
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<(), String> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+async fn cmd_tenants(args: &Args) -> Result<(), String> {
+    let mut query = pgtenant::TenantQuery::default();
+    query.owner = args.option("--owner").map(str::to_owned);
+    query.state = args.option("--state").map(str::to_owned);
+    query.after = args.option("--after").map(str::to_owned);
+    query.limit = args.number("--limit", 100)?;
+    query.behind = args
+        .option("--behind")
+        .map(|_| args.number("--behind", 0))
+        .transpose()?;
+    query.quarantined = match (args.option("--quarantined"), args.option("--healthy")) {
+        (Some(_), Some(_)) => return Err("--quarantined and --healthy exclude each other".into()),
+        (Some(_), None) => Some(true),
+        (None, Some(_)) => Some(false),
+        (None, None) => None,
+    };
+    let client = connect_to(args).await?;
+    let records = pgtenant::list_tenants(&client, &query)
+        .await
+        .map_err(|e| e.to_string())?;
+    if args.json {
+        return print_json(&records);
+    }
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.tenant.clone(),
+                r.state.clone(),
+                opt(&r.owner),
+                r.epoch.to_string(),
+                r.version.to_string(),
+                opt(&r.schema),
+                opt(&r.quarantine_cause),
+            ]
+        })
+        .collect();
+    print_rows(
+        &[
+            "tenant",
+            "state",
+            "owner",
+            "epoch",
+            "version",
+            "schema",
+            "quarantine",
+        ],
+        &rows,
+    );
+    if records.len() as i64 == query.limit {
+        if let Some(last) = records.last() {
+            println!("  … more: --after {}", last.tenant);
+        }
+    }
+    Ok(())
+}
+
+async fn cmd_show(args: &Args) -> Result<(), String> {
+    let id = args.tenant()?;
+    let client = connect_to(args).await?;
+    let record = pgtenant::show_tenant(&client, &id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or(format!("tenant {id} is unknown to this control plane"))?;
+    if args.json {
+        return print_json(&record);
+    }
+    let fields = [
+        ("tenant", record.tenant.clone()),
+        ("state", record.state.clone()),
+        ("created", record.created_at.clone()),
+        ("schema", opt(&record.schema)),
+        ("version", record.version.to_string()),
+        ("owner", opt(&record.owner)),
+        ("owner alive", opt(&record.owner_alive)),
+        ("epoch", record.epoch.to_string()),
+        ("acquired", opt(&record.acquired_at)),
+        ("forgotten at epoch", record.forgotten_at_epoch.to_string()),
+        ("quarantine", opt(&record.quarantine_cause)),
+        ("repair", opt(&record.quarantine_repair)),
+    ];
+    for (name, value) in fields {
+        println!("{name:>18}: {value}");
+    }
+    Ok(())
+}
+
+async fn cmd_trash(args: &Args) -> Result<(), String> {
+    let client = connect_to(args).await?;
+    let trash = pgtenant::list_trash(&client)
+        .await
+        .map_err(|e| e.to_string())?;
+    if args.json {
+        return print_json(&trash);
+    }
+    let rows: Vec<Vec<String>> = trash
+        .iter()
+        .map(|t| {
+            vec![
+                t.schema.clone(),
+                t.tenant.clone(),
+                t.epoch.to_string(),
+                t.trashed_at.clone(),
+                opt(&t.swept_at),
+            ]
+        })
+        .collect();
+    print_rows(&["schema", "tenant", "epoch", "trashed", "swept"], &rows);
+    Ok(())
+}
+
+async fn cmd_sweep(args: &Args) -> Result<(), String> {
+    let retention = match args.option("--retention") {
+        Some(text) => pgtenant::parse_duration(text).map_err(|e| e.to_string())?,
+        None => pgtenant::SweepOptions::default().retention,
+    };
+    let mut client = connect_to(args).await?;
+    let json = args.json;
+    let report = pgtenant::sweep(
+        &mut client,
+        &pgtenant::SweepOptions::with_retention(retention),
+        |schema, dropped| {
+            if !json {
+                println!("  {schema}: {dropped} objects dropped");
+            }
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if json {
+        return print_json(&report);
+    }
+    println!(
+        "swept {} schema(s) ({} masked); kept {} within retention; deferred {}; unknown {}",
+        report.swept.len(),
+        report.masked.len(),
+        report.kept,
+        report.deferred.len(),
+        report.unknown.len()
+    );
+    for (schema, why) in &report.deferred {
+        println!("  deferred {schema}: {why}");
+    }
+    for schema in &report.unknown {
+        println!("  unknown {schema}: no tenant accounts for it; left alone");
+    }
+    Ok(())
+}
+
+async fn cmd_migrate(args: &Args) -> Result<(), String> {
+    let dir = args
+        .option("--dir")
+        .ok_or("`pgtenant migrate` needs --dir DIR with the tenant migrations (V<n>__name.sql)")?;
+    let migrations = refinery::load_sql_migrations(dir)
+        .map_err(|e| format!("cannot load migrations from {dir}: {e}"))?;
+    if migrations.is_empty() {
+        return Err(format!("no V<n>__name.sql migrations in {dir}"));
+    }
+    let concurrency = args.number("--concurrency", 8)?;
+    let replica = args
+        .option("--replica")
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("pgtenant-cli-{}", std::process::id()));
+    let url = args
+        .database_url
+        .as_deref()
+        .ok_or("no database: pass --database-url URL or set DATABASE_URL")?;
+    let options = pgtenant::RouterOptions::from_url(replica, url)
+        .map_err(|e| e.to_string())?
+        .migrations(refinery::Runner::new(&migrations));
+    let router = pgtenant::Router::start(options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let json = args.json;
+    let results = router
+        .migrate_all(concurrency, |step| {
+            if !json {
+                println!(
+                    "  [{}/{}] {}: {:?}",
+                    step.done, step.total, step.tenant, step.outcome
+                );
+            }
+        })
+        .await
+        .map_err(|e| e.to_string());
+    router.close().await;
+    let results = results?;
+    if json {
+        return print_json(&results);
+    }
+    let count = |f: fn(&pgtenant::MigrationOutcome) -> bool| {
+        results.iter().filter(|r| f(&r.outcome)).count()
+    };
+    println!(
+        "{} tenant(s) behind: {} migrated, {} held elsewhere, {} quarantined, {} failed",
+        results.len(),
+        count(|o| matches!(o, pgtenant::MigrationOutcome::Migrated { .. })),
+        count(|o| matches!(o, pgtenant::MigrationOutcome::HeldElsewhere { .. })),
+        count(|o| matches!(o, pgtenant::MigrationOutcome::Quarantined { .. })),
+        count(|o| matches!(o, pgtenant::MigrationOutcome::Failed { .. })),
+    );
+    Ok(())
+}
+
+async fn cmd_clear(args: &Args) -> Result<(), String> {
+    let id = args.tenant()?;
+    let client = connect_to(args).await?;
+    let by = format!("pgtenant-cli-{}", std::process::id());
+    let cleared = pgtenant::clear_quarantine(&client, &id, &by)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        if cleared {
+            format!("quarantine of {id} cleared")
+        } else {
+            format!("{id} was not quarantined")
+        }
+    );
+    Ok(())
+}
+
+async fn connect_to(args: &Args) -> Result<Client, String> {
+    let url = args
+        .database_url
+        .as_deref()
+        .ok_or("no database: pass --database-url URL or set DATABASE_URL")?;
+    connect(url).await
+}
+
 /// Prints any query as an aligned text table; simple_query hands every value over as text.
 async fn print_table(client: &Client, sql: &str) -> Result<(), String> {
     let mut header: Vec<String> = Vec::new();
@@ -202,32 +546,8 @@ async fn print_table(client: &Client, sql: &str) -> Result<(), String> {
             _ => {}
         }
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| {
-            rows.iter()
-                .map(|row| row[i].chars().count())
-                .chain([header[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let line = |cells: &[String]| {
-        cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_owned()
-    };
-    println!("  {}", line(&header));
-    for row in &rows {
-        println!("  {}", line(row));
-    }
-    if rows.is_empty() {
-        println!("  (none)");
-    }
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    print_rows(&header, &rows);
     Ok(())
 }
 

@@ -103,3 +103,121 @@ fn the_demo_runs_on_a_throwaway_postgres() {
         );
     }
 }
+
+#[tokio::test]
+async fn tenants_show_trash_sweep_migrate_and_clear() {
+    let db = TestDatabase::create().await.expect("test database");
+    let url = db.url();
+    assert!(pgtenant(&["setup", "--database-url", url]).status.success());
+    let dir = std::env::temp_dir().join(format!("pgtenant-cli-migrations-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("V1__accounts.sql"),
+        "CREATE TABLE accounts (id bigint PRIMARY KEY);",
+    )
+    .unwrap();
+
+    // Two tenants, made through the library.
+    let options = pgtenant::RouterOptions::from_url("maker", url).unwrap();
+    let router = pgtenant::Router::start(options).await.unwrap();
+    for ledger in ["books", "sales"] {
+        let id = pgtenant::TenantId::new("acme", ledger).unwrap();
+        router
+            .open_or_create(&id)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let doomed = router
+        .open(&pgtenant::TenantId::new("acme", "sales").unwrap())
+        .await
+        .unwrap();
+    doomed.forget(pgtenant::ActiveWork::Drain).await.unwrap();
+    router.close().await;
+
+    let listed = text(&pgtenant(&["tenants", "--database-url", url]));
+    assert!(
+        listed.contains("acme/books") && listed.contains("free") && listed.contains("forgotten"),
+        "{listed}"
+    );
+    let json = pgtenant(&[
+        "tenants",
+        "--state",
+        "free",
+        "--json",
+        "--database-url",
+        url,
+    ]);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
+    assert_eq!(value.as_array().unwrap().len(), 1);
+    let bad = pgtenant(&["tenants", "--state", "nonsense", "--database-url", url]);
+    assert!(
+        !bad.status.success() && text(&bad).contains("is not a state"),
+        "{}",
+        text(&bad)
+    );
+
+    let shown = text(&pgtenant(&["show", "acme/books", "--database-url", url]));
+    assert!(
+        shown.contains("schema: t_acme_books_1_") && shown.contains("version: 0"),
+        "{shown}"
+    );
+    let hostile = pgtenant(&[
+        "show",
+        "acme/x'; DROP SCHEMA pgtenant; --",
+        "--database-url",
+        url,
+    ]);
+    assert!(
+        !hostile.status.success() && text(&hostile).contains("not allowed"),
+        "{}",
+        text(&hostile)
+    );
+
+    let migrated = pgtenant(&[
+        "migrate",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--database-url",
+        url,
+    ]);
+    assert!(migrated.status.success(), "{}", text(&migrated));
+    assert!(
+        text(&migrated).contains("1 tenant(s) behind: 1 migrated"),
+        "{}",
+        text(&migrated)
+    );
+    let shown = text(&pgtenant(&[
+        "show",
+        "acme/books",
+        "--json",
+        "--database-url",
+        url,
+    ]));
+    let value: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(value["version"], 1);
+
+    let trash = text(&pgtenant(&["trash", "--database-url", url]));
+    assert!(trash.contains("trash_t_acme_sales_1_"), "{trash}");
+    let kept = text(&pgtenant(&["sweep", "--database-url", url]));
+    assert!(
+        kept.contains("swept 0 schema(s)") && kept.contains("kept 1"),
+        "{kept}"
+    );
+    let swept = text(&pgtenant(&[
+        "sweep",
+        "--retention",
+        "0s",
+        "--database-url",
+        url,
+    ]));
+    assert!(swept.contains("swept 1 schema(s)"), "{swept}");
+    let bad = pgtenant(&["sweep", "--retention", "soon", "--database-url", url]);
+    assert!(!bad.status.success() && text(&bad).contains("not a duration"));
+
+    let clear = text(&pgtenant(&["clear", "acme/books", "--database-url", url]));
+    assert!(clear.contains("was not quarantined"), "{clear}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
