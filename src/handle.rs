@@ -26,6 +26,7 @@ const SERVING: u8 = 0;
 const DRAINING: u8 = 1;
 const RELEASED: u8 = 2;
 const LOST: u8 = 3;
+const FORGOTTEN: u8 = 4;
 
 /// The first statement of every fenced transaction: the fence (row lock + epoch check) pins
 /// search_path for this transaction only, and an idle-in-transaction timeout bounds how long a
@@ -43,6 +44,8 @@ pub(crate) struct HandleInner {
     state: AtomicU8,
     in_flight: AtomicUsize,
     idle: Notify,
+    /// Woken when the tenure ends (released, handed off, lost, forgotten).
+    ended: Notify,
     /// Cancel tokens of the transactions in flight, for `forget(ActiveWork::Cancel)`.
     cancels: std::sync::Mutex<Vec<(u64, CancelToken)>>,
     next_work: std::sync::atomic::AtomicU64,
@@ -79,6 +82,7 @@ impl HandleInner {
             state: AtomicU8::new(SERVING),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            ended: Notify::new(),
             cancels: std::sync::Mutex::new(Vec::new()),
             next_work: std::sync::atomic::AtomicU64::new(0),
             router,
@@ -99,9 +103,39 @@ impl HandleInner {
     }
 
     fn transition(&self, from: u8, to: u8) -> bool {
-        self.state
+        let moved = self
+            .state
             .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if moved && matches!(to, RELEASED | LOST | FORGOTTEN) {
+            self.ended.notify_waiters();
+        }
+        moved
+    }
+
+    pub(crate) fn is_forgotten(&self) -> bool {
+        self.state.load(Ordering::Acquire) == FORGOTTEN
+    }
+
+    /// Waits until the tenure has ended, or `timeout`; true when it ended.
+    pub(crate) async fn wait_ended(&self, timeout: std::time::Duration) -> bool {
+        let ended = || {
+            matches!(
+                self.state.load(Ordering::Acquire),
+                RELEASED | LOST | FORGOTTEN
+            )
+        };
+        tokio::time::timeout(timeout, async {
+            loop {
+                let notified = self.ended.notified();
+                if ended() {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
     }
 
     /// Ends the tenure for good, once; reports it.
@@ -136,6 +170,7 @@ impl HandleInner {
             }
             RELEASED => return Err(self.lease_lost("released")),
             LOST => return Err(self.lease_lost("lost")),
+            FORGOTTEN => return Err(self.lease_lost("forgotten")),
             _ => {}
         }
         if self.router.liveness.incarnation() != self.incarnation {
@@ -532,7 +567,7 @@ impl TenantHandle {
                 return Err(error);
             }
         };
-        inner.transition(DRAINING, RELEASED);
+        inner.transition(DRAINING, FORGOTTEN);
         router.detach(inner);
         tracing::info!(tenant = %inner.id, epoch = inner.epoch, %trash, "forgotten");
         router.emit(Event::Forgotten {

@@ -118,6 +118,9 @@ pub struct TenantMigration {
 pub struct CloseReport {
     /// Tenants handed off.
     pub handed_off: Vec<TenantId>,
+    /// Tenants whose forget was under way when close began: waited for (up to the drain
+    /// timeout) and forgotten.
+    pub forgotten: Vec<TenantId>,
     /// Tenants whose handoff failed, with why (a drain timeout, a lost lease, the database).
     /// Their leases ended with the replica's liveness lock all the same.
     pub failed: Vec<(TenantId, Error)>,
@@ -768,8 +771,19 @@ impl Router {
                 let next = lock(&queue).next();
                 let Some(inner) = next else { return };
                 let id = inner.id.clone();
-                match TenantHandle::from_inner(inner).handoff().await {
+                match TenantHandle::from_inner(inner.clone()).handoff().await {
                     Ok(()) => lock(&report).handed_off.push(id),
+                    // A forget (or another handoff) is under way: wait for it to finish.
+                    Err(Error::Draining { .. })
+                        if inner.wait_ended(self.shared.options.drain_timeout).await =>
+                    {
+                        let mut report = lock(&report);
+                        if inner.is_forgotten() {
+                            report.forgotten.push(id);
+                        } else {
+                            report.handed_off.push(id);
+                        }
+                    }
                     Err(error) => {
                         warn!(tenant = %id, %error, "handoff on close failed");
                         lock(&report).failed.push((id, error));

@@ -773,3 +773,61 @@ async fn listing_pages_and_filters_and_refuses_hostile_filters() {
     }
     router.close().await;
 }
+
+#[tokio::test]
+async fn close_waits_for_a_forget_under_way() {
+    let (db, _client) = database().await;
+    let router = std::sync::Arc::new(
+        Router::start(options(db.url(), "closer").drain_timeout(Duration::from_secs(10)))
+            .await
+            .unwrap(),
+    );
+    let id = tenant("closing-forget");
+    let handle = router.open_or_create(&id).await.unwrap();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let work = {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            handle
+                .run(move |tx| {
+                    Box::pin(async move {
+                        tx.execute("SELECT 1", &[]).await?;
+                        let _ = started_tx.send(());
+                        let _ = released.await;
+                        Ok::<_, Error>(())
+                    })
+                })
+                .await
+        })
+    };
+    started.await.unwrap();
+    let mut events = router.subscribe();
+    let forgetting = {
+        let handle = handle.clone();
+        tokio::spawn(async move { handle.forget(ActiveWork::Drain).await })
+    };
+    // The forget is under way (draining) before close begins.
+    while router.summary().draining == 0 {
+        tokio::task::yield_now().await;
+    }
+    let closing = {
+        let router = router.clone();
+        tokio::spawn(async move { router.close().await })
+    };
+    release.send(()).unwrap();
+    work.await.unwrap().unwrap();
+    forgetting.await.unwrap().expect("forgotten");
+    let report = closing.await.unwrap();
+    assert_eq!(report.forgotten.len(), 1, "{report:?}");
+    assert!(
+        report.failed.is_empty() && report.handed_off.is_empty(),
+        "{report:?}"
+    );
+    loop {
+        if let Event::Forgotten { tenant, .. } = events.recv().await.unwrap() {
+            assert_eq!(tenant, id.key());
+            break;
+        }
+    }
+}
