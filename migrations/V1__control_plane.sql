@@ -203,6 +203,21 @@ BEGIN
     SELECT 'registered', p_replica, r.incarnation, p_host FROM pgtenant.replicas r WHERE r.replica_id = p_replica;
 END $$;
 
+-- Raises PTL01: the tenant is held by (or reserved for) p_owner until p_until. The DETAIL is
+-- JSON for the client's Error::LeaseHeld.
+CREATE FUNCTION pgtenant.raise_held(p_key text, p_owner text, p_epoch bigint,
+                                    p_until timestamptz, p_reserved boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'PTL01',
+        MESSAGE = format(CASE WHEN p_reserved THEN 'tenant %s is reserved for replica %s (epoch %s)'
+                              ELSE 'tenant %s is held by replica %s at epoch %s' END,
+                         p_key, p_owner, p_epoch),
+        DETAIL = json_build_object('owner', p_owner, 'epoch', p_epoch, 'owner_alive', true,
+            'expires_in_ms', greatest(0, (extract(epoch FROM p_until - now()) * 1000)::bigint),
+            'reserved', p_reserved)::text;
+END $$;
+
 -- Acquires a tenant's lease for (p_replica, p_incarnation), bumping its epoch. The FOR UPDATE
 -- row lock waits for the previous owner's in-flight fenced transactions (they hold the row
 -- FOR KEY SHARE): that wait is the serialization point between two owners.
@@ -244,20 +259,12 @@ BEGIN
     IF t.owner IS NOT NULL AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
         SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
         IF o.incarnation = t.owner_incarnation AND o.alive THEN
-            RAISE EXCEPTION USING ERRCODE = 'PTL01',
-                MESSAGE = format('tenant %s is held by replica %s at epoch %s', p_key, t.owner, t.epoch),
-                DETAIL = json_build_object('owner', t.owner, 'epoch', t.epoch, 'owner_alive', true,
-                    'expires_in_ms', greatest(0, (extract(epoch FROM o.expires_at - now()) * 1000)::bigint),
-                    'reserved', false)::text;
+            PERFORM pgtenant.raise_held(p_key, t.owner, t.epoch, o.expires_at, false);
         END IF;
         v_took_over := CASE WHEN o.incarnation = t.owner_incarnation AND o.lock_held THEN 'stalled' ELSE 'dead' END;
     END IF;
     IF t.owner IS NULL AND t.reserved_for IS DISTINCT FROM p_replica AND t.reserved_until > now() THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTL01',
-            MESSAGE = format('tenant %s is reserved for replica %s', p_key, t.reserved_for),
-            DETAIL = json_build_object('owner', t.reserved_for, 'epoch', t.epoch, 'owner_alive', true,
-                'expires_in_ms', greatest(0, (extract(epoch FROM t.reserved_until - now()) * 1000)::bigint),
-                'reserved', true)::text;
+        PERFORM pgtenant.raise_held(p_key, t.reserved_for, t.epoch, t.reserved_until, true);
     END IF;
     -- A tenant whose schema vanished behind pgtenant's back is the tenant's fault, not the
     -- database's: quarantine it (committed, so status shows it) instead of serving nothing.
@@ -493,11 +500,7 @@ BEGIN
     IF t.owner IS NOT NULL THEN
         SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
         IF o.incarnation = t.owner_incarnation AND o.alive AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
-            RAISE EXCEPTION USING ERRCODE = 'PTL01',
-                MESSAGE = format('tenant %s is held by replica %s at epoch %s', p_key, t.owner, t.epoch),
-                DETAIL = json_build_object('owner', t.owner, 'epoch', t.epoch, 'owner_alive', true,
-                    'expires_in_ms', greatest(0, (extract(epoch FROM o.expires_at - now()) * 1000)::bigint),
-                    'reserved', false)::text;
+            PERFORM pgtenant.raise_held(p_key, t.owner, t.epoch, o.expires_at, false);
         END IF;
     END IF;
     SELECT * INTO g FROM pgtenant.trash tr

@@ -276,14 +276,7 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
         .get(0);
     assert_eq!(state, "idle", "no transaction left open");
     drop(connection);
-    let rows: i64 = handle
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
-            })
-        })
-        .await
-        .unwrap();
+    let rows = support::count_rows(&handle, "SELECT count(*) FROM log").await;
     assert_eq!(
         rows, 0,
         "nothing of the failed, cancelled or panicked work committed"
@@ -333,14 +326,7 @@ async fn a_stale_epoch_is_refused_by_the_database_itself() {
         other => panic!("expected Fenced, got {other:?}"),
     }
     stall.rollback().await.unwrap();
-    let rows: i64 = taken
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
-            })
-        })
-        .await
-        .unwrap();
+    let rows = support::count_rows(&taken, "SELECT count(*) FROM log").await;
     assert_eq!(rows, 0, "the stale write is not in the ledger");
     // And in plain SQL, whatever the client: a stale epoch cannot pass the fence.
     let error = client
@@ -529,14 +515,7 @@ async fn a_terminated_lease_session_loses_every_lease_and_the_replica_registers_
     ));
     let again = router.open(&id).await.expect("reacquire");
     assert!(again.epoch() > handle.epoch());
-    let acked: i64 = again
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
-            })
-        })
-        .await
-        .unwrap();
+    let acked = support::count_rows(&again, "SELECT count(*) FROM log").await;
     assert_eq!(acked, 20, "every acknowledged write is present");
     router.close().await;
 }

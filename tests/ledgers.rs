@@ -200,7 +200,7 @@ async fn concurrent_opens_never_run_two_migrators_on_one_schema() {
         opens.push(router.open_or_create(&id));
     }
     let mut winners = BTreeSet::new();
-    for result in futures(opens).await {
+    for result in support::join_all(opens).await {
         match result {
             Ok(handle) => {
                 winners.insert(handle.epoch());
@@ -229,27 +229,6 @@ async fn concurrent_opens_never_run_two_migrators_on_one_schema() {
     assert_eq!(runs, 2, "each migration ran once");
     a.close().await;
     b.close().await;
-}
-
-async fn futures<F: std::future::Future>(list: Vec<F>) -> Vec<F::Output> {
-    let mut pinned: Vec<_> = list.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        for (future, slot) in pinned.iter_mut().zip(out.iter_mut()) {
-            if slot.is_none() {
-                if let std::task::Poll::Ready(value) = future.as_mut().poll(cx) {
-                    *slot = Some(value);
-                }
-            }
-        }
-        if out.iter().all(Option::is_some) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 #[tokio::test]
@@ -477,14 +456,7 @@ async fn restore_brings_a_forgotten_tenant_back_as_a_new_life() {
         id.schema_name(back.epoch()),
         "named for its new life"
     );
-    let rows: i64 = back
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(tx.query_one("SELECT count(*) FROM log", &[]).await?.get(0))
-            })
-        })
-        .await
-        .unwrap();
+    let rows = support::count_rows(&back, "SELECT count(*) FROM log").await;
     assert_eq!(rows, 1, "the data is back");
     support::append(&back, "r", 2)
         .await

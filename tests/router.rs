@@ -277,7 +277,7 @@ async fn concurrent_opens_of_one_tenant_share_one_acquisition() {
     let id = tenant("shared");
     let opens: Vec<_> = (0..20).map(|_| router.open_or_create(&id)).collect();
     let mut epochs = std::collections::BTreeSet::new();
-    for result in futures_all(opens).await {
+    for result in support::join_all(opens).await {
         epochs.insert(result.expect("open").epoch());
     }
     assert_eq!(epochs.len(), 1, "every caller got the same tenure");
@@ -291,28 +291,6 @@ async fn concurrent_opens_of_one_tenant_share_one_acquisition() {
         .get(0);
     assert_eq!(acquisitions, 1);
     router.close().await;
-}
-
-/// Polls all the futures concurrently on this task (as concurrent callers would).
-async fn futures_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        for (future, output) in pinned.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                if let std::task::Poll::Ready(value) = future.as_mut().poll(cx) {
-                    *output = Some(value);
-                }
-            }
-        }
-        if outputs.iter().all(Option::is_some) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pgtenant::{Error, Router, TenantHandle, TenantId};
 use pgtenant_testkit::LocalCluster;
-use support::{append, create_log, database, router, tenant, ReplicaProcess};
+use support::{append, count_rows, create_log, database, router, tenant, ReplicaProcess};
 
 const CHILD: &str = "replica_child";
 
@@ -17,15 +17,6 @@ const CHILD: &str = "replica_child";
 #[ignore = "entry point of the replica child processes"]
 fn replica_child() {
     support::child_main();
-}
-
-async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
-    handle
-        .read(move |tx| {
-            Box::pin(async move { Ok::<_, Error>(tx.query_one(sql, &[]).await?.get(0)) })
-        })
-        .await
-        .expect(sql)
 }
 
 /// Opens, retrying while the holder is still alive by the database's account, sleeping for

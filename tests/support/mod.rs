@@ -62,18 +62,49 @@ pub async fn try_create_log(handle: &TenantHandle) -> pgtenant::Result<()> {
         .await
 }
 
+/// One log row; `seen_max_epoch` is the highest epoch committed before this write.
+const APPEND_SQL: &str = "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
+     VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))";
+
+/// A single bigint from a read-only fenced query.
+pub async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
+    handle
+        .read(move |tx| {
+            Box::pin(async move { Ok::<_, pgtenant::Error>(tx.query_one(sql, &[]).await?.get(0)) })
+        })
+        .await
+        .expect(sql)
+}
+
+/// Polls all the futures concurrently on this task, as concurrent callers would.
+pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (future, output) in pinned.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                if let std::task::Poll::Ready(value) = future.as_mut().poll(cx) {
+                    *output = Some(value);
+                }
+            }
+        }
+        if outputs.iter().all(Option::is_some) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 pub async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::Result<()> {
     let epoch = handle.epoch();
     let writer = writer.to_owned();
     handle
         .run(move |tx| {
             Box::pin(async move {
-                tx.execute(
-                    "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
-                     VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))",
-                    &[&epoch, &seq, &writer],
-                )
-                .await?;
+                tx.execute(APPEND_SQL, &[&epoch, &seq, &writer]).await?;
                 Ok(())
             })
         })
@@ -223,7 +254,8 @@ pub fn child_main() {
                     Err(e) => describe(&e),
                 },
                 ["write", ledger, seq] => match handles.get(*ledger) {
-                    Some(handle) => match append(handle, &replica, seq.parse().expect("seq")).await {
+                    Some(handle) => match append(handle, &replica, seq.parse().expect("seq")).await
+                    {
                         Ok(()) => format!("ok {seq} {}", handle.epoch()),
                         Err(e) => describe(&e),
                     },
@@ -231,19 +263,16 @@ pub fn child_main() {
                 },
                 ["hold", ledger, seq, millis] => match handles.get(*ledger) {
                     Some(handle) => {
-                        let (seq, millis): (i64, f64) = (seq.parse().expect("seq"), millis.parse().expect("ms"));
+                        let (seq, millis): (i64, f64) =
+                            (seq.parse().expect("seq"), millis.parse().expect("ms"));
                         let (epoch, writer) = (handle.epoch(), replica.clone());
                         let result = handle
                             .run(move |tx| {
                                 Box::pin(async move {
-                                    tx.execute(
-                                        "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
-                                         VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))",
-                                        &[&epoch, &seq, &writer],
-                                    )
-                                    .await?;
+                                    tx.execute(APPEND_SQL, &[&epoch, &seq, &writer]).await?;
                                     say("holding");
-                                    tx.execute("SELECT pg_sleep($1 / 1000.0)", &[&millis]).await?;
+                                    tx.execute("SELECT pg_sleep($1 / 1000.0)", &[&millis])
+                                        .await?;
                                     Ok::<_, pgtenant::Error>(())
                                 })
                             })
