@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use tokio::sync::Notify;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, NoTls, Transaction};
 
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
@@ -32,6 +32,8 @@ const FORGOTTEN: u8 = 4;
 /// search_path for this transaction only, and an idle-in-transaction timeout bounds how long a
 /// paused owner can hold the tenant row against a successor.
 const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
+/// The fence's parameter types, for the unnamed (uncached) form.
+const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
 const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $4) WHERE $3::integer IS NOT NULL";
 
 pub(crate) struct HandleInner {
@@ -350,10 +352,17 @@ impl TenantHandle {
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
         // Prepared once per pooled connection: the fence then costs the server no parse or plan.
-        let fence_statement = client
-            .prepare_cached(if read_only { FENCE_READ_SQL } else { FENCE_SQL })
-            .await
-            .map_err(Error::db("prepare the fence"))?;
+        let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
+        let fence_statement = if inner.router.options.statement_cache {
+            Some(
+                client
+                    .prepare_cached(sql)
+                    .await
+                    .map_err(Error::db("prepare the fence"))?,
+            )
+        } else {
+            None
+        };
         let client: &mut tokio_postgres::Client = &mut client;
         let _cancel = CancelOnForget::register(inner, client.cancel_token());
         let tx = client
@@ -370,7 +379,20 @@ impl TenantHandle {
             &inner.router.idle_timeout_ms,
         ];
         let (outcome, fenced) = {
-            let mut fence = pin!(tx.query(&fence_statement, &params));
+            let fence = async {
+                match &fence_statement {
+                    Some(statement) => tx.query(statement, &params).await,
+                    None => {
+                        let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
+                            .iter()
+                            .zip(FENCE_TYPES)
+                            .map(|(param, ty)| (*param, ty))
+                            .collect();
+                        tx.query_typed(sql, &typed).await
+                    }
+                }
+            };
+            let mut fence = pin!(fence);
             // One poll puts the fence on the wire ahead of the work's statements: they travel
             // in the same flight and PostgreSQL runs them in order.
             let early = poll_fn(|cx| Poll::Ready(fence.as_mut().poll(cx))).await;

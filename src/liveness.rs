@@ -163,6 +163,7 @@ impl LeaseSession {
             .await
             .map_err(Error::db("configure the lease session"))?;
 
+        probe_for_pooler(&client, &config).await?;
         let lock_key: i32 = client
             .query_one(
                 "SELECT pgtenant.replica_lock_key($1)",
@@ -229,6 +230,41 @@ impl LeaseSession {
             tracing::debug!(%error, "deregistration failed; the lock goes with the session anyway");
         }
     }
+}
+
+/// Refuses a lease session that does not own its backend. Behind a transaction- or
+/// statement-mode pooler, a session's backend goes back to the pool after every statement, so a
+/// second client that opens a transaction is handed that very backend: seeing the lease
+/// session's pid there proves the pooling. A direct connection (or session-mode pooling) can
+/// never show it, since every session has a backend of its own.
+async fn probe_for_pooler(lease: &Client, config: &tokio_postgres::Config) -> Result<()> {
+    let context = "probe the lease session for a pooler";
+    let lease_pid: i32 = lease
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db(context))?;
+    let (mut probe, connection) = config.connect(NoTls).await.map_err(Error::db(context))?;
+    let driver = tokio::spawn(connection);
+    let probe_pid: i32 = {
+        let tx = probe.transaction().await.map_err(Error::db(context))?;
+        let pid = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::db(context))?;
+        tx.rollback().await.map_err(Error::db(context))?;
+        pid
+    };
+    drop(probe);
+    let _ = driver.await;
+    if probe_pid == lease_pid {
+        return Err(Error::NotASession(format!(
+            "another client was given the lease session's backend (pid {lease_pid}): a transaction-mode \
+             pooler is in front; connect the lease session directly or through session pooling"
+        )));
+    }
+    Ok(())
 }
 
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.

@@ -33,6 +33,7 @@ pub struct RouterOptions {
     pub(crate) reservation: Duration,
     pub(crate) handoff_policy: HandoffPolicy,
     pub(crate) migrations: std::sync::Arc<Vec<refinery::Migration>>,
+    pub(crate) statement_cache: bool,
 }
 
 /// What the owner does when another replica asks for one of its tenants with
@@ -109,6 +110,7 @@ impl RouterOptions {
             reservation: Duration::from_secs(5),
             handoff_policy: HandoffPolicy::Accept,
             migrations: std::sync::Arc::new(Vec::new()),
+            statement_cache: true,
         }
     }
 
@@ -237,6 +239,15 @@ impl RouterOptions {
             .map(|m| i64::from(m.version()))
             .max()
             .unwrap_or(0)
+    }
+
+    /// Whether the fence runs as a prepared statement cached per pooled connection (default
+    /// true: the server skips parsing and planning it). Set false when the data-path pool goes
+    /// through a transaction-mode pooler that does not keep prepared statements (PgBouncer
+    /// before 1.21): the fence is then sent unnamed, parsed with each transaction.
+    pub fn statement_cache(mut self, enabled: bool) -> Self {
+        self.statement_cache = enabled;
+        self
     }
 
     /// A free-form host label recorded in `pgtenant.replicas` (default: `$HOSTNAME`).

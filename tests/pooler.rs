@@ -1,0 +1,179 @@
+//! A transaction-mode pooler (a real PgBouncer): the lease session must be refused behind it
+//! (DESIGN §9), while the data path works through it.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use pgtenant::{Error, Router};
+use support::{database, options, tenant};
+
+const PGBOUNCER: &str = "/usr/sbin/pgbouncer";
+
+/// A PgBouncer in transaction mode in front of the server at `upstream`, run as the
+/// unprivileged `postgres` user (it refuses to run as root), removed on drop.
+struct Bouncer {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Bouncer {
+    fn start(upstream: &tokio_postgres::Config) -> Bouncer {
+        assert!(
+            std::path::Path::new(PGBOUNCER).exists(),
+            "this test needs PgBouncer: apt-get install pgbouncer (.ci/run installs it)"
+        );
+        let (uid, gid) = postgres_user();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("pgtenant-pgbouncer-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let upstream_port = upstream.get_ports().first().copied().unwrap_or(5432);
+        let ini = format!(
+            "[databases]\n* = host=127.0.0.1 port={upstream_port} user=postgres\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = any\npool_mode = transaction\ndefault_pool_size = 4\nmax_client_conn = 50\n\
+             server_reset_query =\nignore_startup_parameters = extra_float_digits,options\n\
+             logfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n",
+            dir = dir.display()
+        );
+        std::fs::write(dir.join("pgbouncer.ini"), ini).expect("ini");
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown");
+        std::os::unix::fs::chown(dir.join("pgbouncer.ini"), Some(uid), Some(gid)).expect("chown");
+        let child = std::os::unix::process::CommandExt::gid(
+            std::os::unix::process::CommandExt::uid(&mut Command::new(PGBOUNCER), uid),
+            gid,
+        )
+        .arg(dir.join("pgbouncer.ini"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start pgbouncer");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "pgbouncer did not listen within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20)); // readiness wait for a process we started
+        }
+        Bouncer { child, dir, port }
+    }
+
+    /// The same database, through the pooler.
+    fn config(&self, database: &str) -> tokio_postgres::Config {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(self.port)
+            .user("postgres")
+            .dbname(database);
+        config
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn postgres_user() -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.first() == Some(&"postgres")).then(|| {
+                (
+                    fields[2].parse().expect("uid"),
+                    fields[3].parse().expect("gid"),
+                )
+            })
+        })
+        .expect("a postgres user")
+}
+
+#[tokio::test]
+async fn a_lease_session_behind_transaction_pooling_is_refused() {
+    let (db, client) = database().await;
+    let bouncer = Bouncer::start(&db.config());
+    let behind = pgtenant::RouterOptions::new("pooled", bouncer.config(db.name()));
+    match Router::start(behind).await {
+        Err(error @ Error::NotASession(_)) => {
+            assert!(error.to_string().contains("pooler"), "{error}");
+        }
+        Err(other) => panic!("expected NotASession, got {other}"),
+        Ok(_) => panic!("a lease session behind transaction pooling was accepted"),
+    }
+    let registered: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.replicas WHERE incarnation > 0",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(registered, 0, "nothing was registered");
+}
+
+#[tokio::test]
+async fn the_data_path_works_behind_transaction_pooling() {
+    let (db, _client) = database().await;
+    let bouncer = Bouncer::start(&db.config());
+    let manager = Manager::from_config(
+        bouncer.config(db.name()),
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(4).build().expect("pool");
+    // Lease session direct, data path through the pooler.
+    let router = Router::start(
+        options(db.url(), "data-pooled")
+            .pool(pool)
+            .statement_cache(false),
+    )
+    .await
+    .expect("router");
+    let handle = router.open_or_create(&tenant("pooled")).await.unwrap();
+    support::create_log(&handle).await;
+    for seq in 0..20 {
+        support::append(&handle, "pooled", seq)
+            .await
+            .expect("fenced work through the pooler");
+    }
+    assert_eq!(
+        support::count_rows(&handle, "SELECT count(*) FROM log").await,
+        20
+    );
+    let path: String = handle
+        .read(|tx| {
+            Box::pin(
+                async move { Ok::<_, Error>(tx.query_one("SHOW search_path", &[]).await?.get(0)) },
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(path, handle.schema());
+    // Outside a fenced transaction the pooled backends keep no tenant search_path.
+    let plain = router.pool().get().await.unwrap();
+    let outside: String = plain
+        .query_one("SHOW search_path", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(outside, "\"$user\", public");
+    drop(plain);
+    router.close().await;
+}
