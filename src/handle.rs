@@ -42,6 +42,8 @@ pub(crate) struct HandleInner {
     pub(crate) incarnation: i64,
     /// The tenant's fence lock key (`pgtenant.tenants.lock_key`).
     pub(crate) lock_key: i32,
+    /// The version this tenure's open migrated from, when it ran migrations.
+    pub(crate) migrated_from: Option<i64>,
     schema: String,
     state: AtomicU8,
     in_flight: AtomicUsize,
@@ -69,9 +71,7 @@ pub enum ActiveWork {
 impl HandleInner {
     pub(crate) fn new(
         id: TenantId,
-        epoch: i64,
-        incarnation: i64,
-        lock_key: i32,
+        (epoch, incarnation, lock_key, migrated_from): (i64, i64, i32, Option<i64>),
         schema: String,
         router: Arc<Shared>,
     ) -> Self {
@@ -80,6 +80,7 @@ impl HandleInner {
             epoch,
             incarnation,
             lock_key,
+            migrated_from,
             schema,
             state: AtomicU8::new(SERVING),
             in_flight: AtomicUsize::new(0),
@@ -281,6 +282,10 @@ impl std::fmt::Debug for TenantHandle {
 impl TenantHandle {
     pub(crate) fn from_inner(inner: Arc<HandleInner>) -> Self {
         TenantHandle { inner }
+    }
+
+    pub(crate) fn inner(&self) -> &HandleInner {
+        &self.inner
     }
 
     /// The tenant.

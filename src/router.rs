@@ -534,7 +534,9 @@ impl Router {
             })?;
         let (epoch, schema, version): (i64, String, i32) = (row.get(0), row.get(1), row.get(2));
         let lock_key: i32 = row.get(3);
-        if i64::from(version) < shared.options.code_version() {
+        let migrated_from =
+            (i64::from(version) < shared.options.code_version()).then_some(i64::from(version));
+        if migrated_from.is_some() {
             let migrated =
                 migrate_existing(shared, &mut client, id, (epoch, lock_key), &schema).await;
             if let Err(error) = migrated {
@@ -546,7 +548,7 @@ impl Router {
         install_handle(
             shared,
             id,
-            (epoch, incarnation, lock_key),
+            (epoch, incarnation, lock_key, migrated_from),
             schema.clone(),
             Event::Restored {
                 tenant: id.key().to_owned(),
@@ -728,8 +730,13 @@ impl Router {
         }
         match self.open(id).await {
             Ok(handle) => {
+                // Another replica may have migrated it since the list was read.
+                let outcome = match handle.inner().migrated_from {
+                    Some(from) => MigrationOutcome::Migrated { from, to: code },
+                    None => MigrationOutcome::UpToDate,
+                };
                 let _ = handle.release().await;
-                MigrationOutcome::Migrated { from, to: code }
+                outcome
             }
             Err(error) => failed(error),
         }
@@ -869,6 +876,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
     let give_back = |client| async move {
         let _ = release_lease(client, id, epoch, replica, incarnation, "released", None).await;
     };
+    let mut migrated_from = None;
     let schema = match schema {
         Some(_) if version > code => {
             give_back(&client).await;
@@ -891,6 +899,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
                     from: version,
                     to: code,
                 });
+                migrated_from = Some(version);
             }
             schema
         }
@@ -914,7 +923,7 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
     install_handle(
         shared,
         id,
-        (epoch, incarnation, lock_key),
+        (epoch, incarnation, lock_key, migrated_from),
         schema,
         Event::Acquired {
             tenant: id.key().to_owned(),
@@ -929,15 +938,13 @@ async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Resul
 async fn install_handle(
     shared: &Arc<Shared>,
     id: &TenantId,
-    (epoch, incarnation, lock_key): (i64, i64, i32),
+    (epoch, incarnation, lock_key, migrated_from): (i64, i64, i32, Option<i64>),
     schema: String,
     event: Event,
 ) -> Result<TenantHandle> {
     let inner = Arc::new(HandleInner::new(
         id.clone(),
-        epoch,
-        incarnation,
-        lock_key,
+        (epoch, incarnation, lock_key, migrated_from),
         schema,
         shared.clone(),
     ));
