@@ -44,7 +44,7 @@ const MEM_TENANTS: usize = 10_000;
 const CREATE_CONCURRENCY: usize = 32;
 const RELEASE_CONCURRENCY: usize = 16;
 const CONCURRENCY: [usize; 3] = [1, 8, 32];
-const OPEN_ROUNDS: usize = 3;
+const OPEN_ROUNDS: usize = 5;
 const OPEN_WARMUP: usize = 256;
 const MEM_CONCURRENCY: usize = 32;
 
@@ -162,8 +162,13 @@ async fn main() {
         .expect("date")
         .get(0);
 
+    let load_start = loadavg();
+    let mut phases: Vec<(&'static str, Duration)> = Vec::new();
+    let mut phase = Instant::now();
     eprintln!("[bench] part 1: handoff to a parked waiter");
     let handoff = bench_handoff(&url, &admin).await;
+    phases.push(("1. handoff (incl. filling the ledgers)", phase.elapsed()));
+    phase = Instant::now();
     eprintln!("[bench] creating {MEM_TENANTS} tenants");
     let ids: Arc<Vec<TenantId>> = Arc::new(
         (0..MEM_TENANTS)
@@ -171,16 +176,26 @@ async fn main() {
             .collect(),
     );
     let creation = create_tenants(&url, &ids).await;
+    phases.push(("creating the tenants of parts 2 and 3", phase.elapsed()));
+    phase = Instant::now();
     eprintln!("[bench] part 2: warm open rate");
     let open_rate = bench_open_rate(&url, &admin, &ids).await;
+    phases.push((
+        "2. warm open rate (incl. router starts, warm-ups, freeing)",
+        phase.elapsed(),
+    ));
+    phase = Instant::now();
     eprintln!("[bench] part 3: memory per open tenant");
     let memory = bench_memory(&url, &admin, &ids).await;
+    phases.push(("3. memory (incl. releasing all)", phase.elapsed()));
 
     let wall = started.elapsed();
     let info = RunInfo {
         date,
         pg_version,
         settings,
+        load: format!("{load_start} at the start, {} at the end", loadavg()),
+        phases,
     };
     let report = render(&info, &handoff, creation, &open_rate, &memory, wall);
     println!("{report}");
@@ -252,11 +267,16 @@ async fn bench_handoff(url: &str, admin: &pgtenant::tokio_postgres::Client) -> V
             .batch_execute(&format!("VACUUM ANALYZE {qualified}"))
             .await
             .expect("vacuum the ledger");
+        admin.batch_execute("CHECKPOINT").await.expect("checkpoint");
         let table_bytes: i64 = admin
-            .query_one("SELECT pg_total_relation_size($1::regclass)", &[&qualified])
+            .query_one(
+                "SELECT pg_total_relation_size($1::text::regclass)",
+                &[&qualified],
+            )
             .await
             .expect("table size")
             .get(0);
+        // The CHECKPOINT above wrote the fill's dirty pages now, not during the timed handoffs.
         eprintln!(
             "[bench]   ledger {ledger}: {rows} rows, {:.1} MiB",
             table_bytes as f64 / 1048576.0
@@ -410,10 +430,12 @@ async fn create_tenants(url: &str, ids: &Arc<Vec<TenantId>>) -> f64 {
 async fn open_batch(
     router: &Arc<Router>,
     ids: &Arc<Vec<TenantId>>,
-    count: usize,
+    range: std::ops::Range<usize>,
     concurrency: usize,
 ) -> (Vec<TenantHandle>, Vec<Duration>, Duration) {
-    let next = Arc::new(AtomicUsize::new(0));
+    let (start, end) = (range.start, range.end);
+    let count = end - start;
+    let next = Arc::new(AtomicUsize::new(start));
     let t0 = Instant::now();
     let mut tasks = JoinSet::new();
     for _ in 0..concurrency {
@@ -423,7 +445,7 @@ async fn open_batch(
             let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= count {
+                if i >= end {
                     return (handles, latencies);
                 }
                 let t = Instant::now();
@@ -480,19 +502,6 @@ async fn bench_open_rate(
     admin: &pgtenant::tokio_postgres::Client,
     ids: &Arc<Vec<TenantId>>,
 ) -> Vec<OpenRateRow> {
-    let router = Arc::new(
-        Router::start(
-            RouterOptions::from_url("warm-open", url)
-                .expect("options")
-                .pool_size(POOL_SIZE),
-        )
-        .await
-        .expect("router starts"),
-    );
-    // Warm-up: fills the pool (32 tasks > 16 connections), untimed.
-    let (handles, _, _) = open_batch(&router, ids, OPEN_WARMUP, 32).await;
-    release_all(handles).await;
-
     let mut rows: Vec<OpenRateRow> = CONCURRENCY
         .iter()
         .map(|&concurrency| OpenRateRow {
@@ -504,22 +513,53 @@ async fn bench_open_rate(
     for round in 0..OPEN_ROUNDS {
         for k in 0..rows.len() {
             let j = (round + k) % rows.len();
+            let concurrency = rows[j].concurrency;
             admin
                 .batch_execute("VACUUM ANALYZE pgtenant.tenants")
                 .await
                 .expect("vacuum tenants");
-            let concurrency = rows[j].concurrency;
+            // A fresh router per batch, its pool filled by an untimed warm-up on tenants outside
+            // the measured set (32 tasks > 16 connections).
+            let replica = format!("warm-open-r{round}-c{concurrency}");
+            let router = Arc::new(
+                Router::start(
+                    RouterOptions::from_url(replica.clone(), url)
+                        .expect("options")
+                        .pool_size(POOL_SIZE),
+                )
+                .await
+                .expect("router starts"),
+            );
+            let warmup = WARM_TENANTS..WARM_TENANTS + OPEN_WARMUP;
+            let (warm, _, _) = open_batch(&router, ids, warmup, 32).await;
+            drop(warm);
+
             let (handles, latencies, elapsed) =
-                open_batch(&router, ids, WARM_TENANTS, concurrency).await;
+                open_batch(&router, ids, 0..WARM_TENANTS, concurrency).await;
             let rate = WARM_TENANTS as f64 / elapsed.as_secs_f64();
             eprintln!("[bench]   round {round} concurrency {concurrency}: {rate:.0} opens/s");
-            assert_eq!(router.open_count(), WARM_TENANTS);
+            assert_eq!(router.open_count(), WARM_TENANTS + OPEN_WARMUP);
             rows[j].rates.push(rate);
             rows[j].latencies.extend(latencies);
-            release_all(handles).await;
+            drop(handles);
+
+            // Untimed: free every tenant of this router in one statement (the row state a
+            // release leaves, without its NOTIFY), then close the router, whose releases now
+            // find nothing to release.
+            let freed = admin
+                .execute(
+                    "UPDATE pgtenant.tenants
+                        SET owner = NULL, owner_incarnation = NULL,
+                            reserved_for = NULL, reserved_until = NULL
+                      WHERE owner = $1",
+                    &[&replica],
+                )
+                .await
+                .expect("free the tenants");
+            assert_eq!(freed, (WARM_TENANTS + OPEN_WARMUP) as u64);
+            router.close().await;
         }
     }
-    router.close().await;
     rows
 }
 
@@ -549,6 +589,7 @@ struct MemoryResult {
     open_count: usize,
     allocations_per_open: f64,
     open_rate: f64,
+    release_rate: f64,
 }
 
 async fn bench_memory(
@@ -570,12 +611,12 @@ async fn bench_memory(
         .expect("router starts"),
     );
     // Warm-up: pool connections and task machinery exist before the baseline.
-    let (handles, _, _) = open_batch(&router, ids, OPEN_WARMUP, MEM_CONCURRENCY).await;
+    let (handles, _, _) = open_batch(&router, ids, 0..OPEN_WARMUP, MEM_CONCURRENCY).await;
     release_all(handles).await;
 
     let before = mem_point().await;
     let allocs_before = allocations();
-    let (handles, _, elapsed) = open_batch(&router, ids, MEM_TENANTS, MEM_CONCURRENCY).await;
+    let (handles, _, elapsed) = open_batch(&router, ids, 0..MEM_TENANTS, MEM_CONCURRENCY).await;
     let allocs_after = allocations();
     // The router keeps every open tenant; the application's handles are not counted.
     drop(handles);
@@ -592,7 +633,9 @@ async fn bench_memory(
         .iter()
         .map(|id| router.handle_of(id).expect("open handle"))
         .collect();
+    let t0 = Instant::now();
     release_all(handles).await;
+    let release_rate = MEM_TENANTS as f64 / t0.elapsed().as_secs_f64();
     let released = mem_point().await;
     router.close().await;
     MemoryResult {
@@ -602,6 +645,7 @@ async fn bench_memory(
         open_count,
         allocations_per_open: (allocs_after - allocs_before) as f64 / MEM_TENANTS as f64,
         open_rate: MEM_TENANTS as f64 / elapsed.as_secs_f64(),
+        release_rate,
     }
 }
 
@@ -645,6 +689,16 @@ struct RunInfo {
     date: String,
     pg_version: String,
     settings: String,
+    /// Load averages (1, 5, 15 min) at the start and the end.
+    load: String,
+    phases: Vec<(&'static str, Duration)>,
+}
+
+/// The 1, 5 and 15 minute load averages.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" / "))
+        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 /// The source measured: git HEAD and how many files differ from it (the working tree is what
@@ -715,8 +769,18 @@ fn render(
     let _ = writeln!(w, "- Server settings: {}", info.settings);
     let _ = writeln!(
         w,
-        "- Wall time of the whole run: {:.1} s\n",
-        wall.as_secs_f64()
+        "- Load average (1 / 5 / 15 min, {nproc} cores): {}",
+        info.load
+    );
+    let _ = writeln!(
+        w,
+        "- Wall time of the whole run: {:.1} s ({})\n",
+        wall.as_secs_f64(),
+        info.phases
+            .iter()
+            .map(|(name, d)| format!("{name}: {:.1} s", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
 
     // Part 1.
@@ -728,7 +792,8 @@ fn render(
          release's NOTIFY on `pgtenant_free` can wake it in time; pool_size {HANDOFF_POOL}). Three \
          tenants, each with a table `ledger_data (id bigint PRIMARY KEY, payload text)` filled in \
          a fenced transaction with `INSERT … SELECT g, repeat('x', 1000) FROM generate_series(1, \
-         rows)`. Per handoff: the waiting router spawns `wait_for(&id, {} s)`; after {} ms the \
+         rows)`, then `VACUUM ANALYZE` and `CHECKPOINT` (so the fill's writes do not land during \
+         the timed handoffs). Per handoff: the waiting router spawns `wait_for(&id, {} s)`; after {} ms the \
          benchmark checks it is parked (the task entered `wait_for`, the router has no \
          acquisition in flight — its open got `LeaseHeld` — and the task has not returned); then \
          the clock starts, the holder calls `handle.handoff()`, and the clock stops when \
@@ -817,16 +882,19 @@ fn render(
         w,
         "{MEM_TENANTS} tenants were created beforehand through one router (`open_or_create` then \
          `release`, {CREATE_CONCURRENCY} tasks, pool_size {POOL_SIZE}: {creation_rate:.0} \
-         tenants/s including their schemas; untimed setup). Then one fresh router, `warm-open`, \
-         **pool_size {POOL_SIZE}**, default ttl 10 s, opens the first {WARM_TENANTS} of them \
+         tenants/s including their schemas; untimed setup). Each timed batch uses a **fresh \
+         router** (`warm-open-r<round>-c<tasks>`, **pool_size {POOL_SIZE}**, default ttl 10 s) \
+         whose pool is first filled by an untimed warm-up of {OPEN_WARMUP} opens at 32 tasks on \
+         tenants outside the measured set; then it opens the first {WARM_TENANTS} tenants \
          (existing, free) with `router.open(&id)` from 1, 8 or 32 tokio tasks pulling ids from a \
-         shared counter; opens/s = {WARM_TENANTS} / wall time of the batch. After each batch the \
-         tenants are released (untimed, {RELEASE_CONCURRENCY} tasks) and `VACUUM ANALYZE \
-         pgtenant.tenants` runs before the next. An untimed warm-up batch of {OPEN_WARMUP} opens \
-         at 32 tasks fills the pool first. {OPEN_ROUNDS} rounds, concurrencies rotated within \
-         each round. Latency percentiles are over every open of every round (nearest rank). \
-         Each open is one `pgtenant.acquire` statement on a pooled connection (plus the \
-         router's own bookkeeping: a per-tenant gate and a spawned task).\n"
+         shared counter; opens/s = {WARM_TENANTS} / wall time of the batch. Afterwards, untimed: \
+         one `UPDATE pgtenant.tenants SET owner = NULL, owner_incarnation = NULL, reserved_for = \
+         NULL, reserved_until = NULL WHERE owner = <replica>` frees them (the row state a release \
+         leaves, without 5 000 NOTIFYing commits, which PostgreSQL serializes: see the release \
+         rate in part 3), the router is closed and `VACUUM ANALYZE pgtenant.tenants` runs before \
+         the next batch. {OPEN_ROUNDS} rounds, concurrencies rotated within each round. Latency \
+         percentiles are over every open of every round (nearest rank). Each open is one \
+         `pgtenant.acquire` statement on a pooled connection (plus the router's own bookkeeping: a per-tenant gate and a spawned task).\n"
     );
     let _ = writeln!(
         w,
@@ -854,7 +922,9 @@ fn render(
     if let (Some(one), Some(last)) = (open_rate.first(), open_rate.last()) {
         let _ = writeln!(
             w,
-            "\nScaling: {} tasks / {} task = ×{:.2} (median opens/s).",
+            "\nScaling: {} tasks / {} task = ×{:.2} (median opens/s). Every open is a committed \
+             write (the epoch bump and a `pgtenant.history` row) under `synchronous_commit = on`, \
+             so one task waits for one WAL flush per open; concurrent tasks share flushes.",
             last.concurrency,
             one.concurrency,
             median(&last.rates) / median(&one.rates)
@@ -909,7 +979,14 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "\nHeap allocation calls during the {MEM_TENANTS} opens: {:.1} per open (transient ones \
+        "\nReleasing the {MEM_TENANTS} tenants afterwards ({RELEASE_CONCURRENCY} tasks, \
+         `handle.release()`, each one `pgtenant.release` statement whose commit carries a NOTIFY): \
+         {:.0} releases/s.\n",
+        m.release_rate
+    );
+    let _ = writeln!(
+        w,
+        "Heap allocation calls during the {MEM_TENANTS} opens: {:.1} per open (transient ones \
          included: the open's task, the statement's buffers, rows). Live heap per tenant left \
          after releasing all {MEM_TENANTS}: {:.0} B (the handle map keeps its grown capacity). \
          For scale, public sizes: `size_of::<TenantHandle>()` = {} B (an `Arc` to the private \
