@@ -52,7 +52,12 @@ enum Variant {
     Prepared,
     /// `tx.execute_typed(&str, ..)`: one round trip for the INSERT.
     Typed,
+    /// Four `execute_typed` INSERTs per transaction: the fence's fixed cost over more work.
+    Batch4,
 }
+
+/// Every variant, in report order.
+const VARIANTS: [Variant; 3] = [Variant::Prepared, Variant::Typed, Variant::Batch4];
 
 impl Variant {
     fn title(self) -> &'static str {
@@ -62,6 +67,9 @@ impl Variant {
             }
             Variant::Typed => {
                 "B. `tx.execute_typed(&str, ..)` on both sides (BEGIN, Parse/Bind/Execute, COMMIT = 3 round trips)"
+            }
+            Variant::Batch4 => {
+                "C. four `tx.execute_typed(&str, ..)` INSERTs per transaction on both sides (BEGIN, 4 × Parse/Bind/Execute, COMMIT)"
             }
         }
     }
@@ -206,7 +214,7 @@ async fn bench_throughput(
             format!("INSERT INTO {table} (client_id, n) VALUES ($1, $2)").into();
         let pool = baseline_pool(url, clients);
 
-        for variant in [Variant::Prepared, Variant::Typed] {
+        for variant in VARIANTS {
             let mut row = ThroughputRow {
                 variant,
                 clients,
@@ -245,10 +253,10 @@ async fn bench_throughput(
             }
             eprintln!(
                 "[bench]   {} clients={clients}: fenced {:.0} tx/s, unfenced {:.0} tx/s",
-                if variant == Variant::Prepared {
-                    "A"
-                } else {
-                    "B"
+                match variant {
+                    Variant::Prepared => "A",
+                    Variant::Typed => "B",
+                    Variant::Batch4 => "C",
                 },
                 median(&row.fenced),
                 median(&row.unfenced)
@@ -350,6 +358,16 @@ async fn fenced_tx(
                         )
                         .await?;
                     }
+                    Variant::Batch4 => {
+                        for k in 0..4 {
+                            let n = n * 4 + k;
+                            tx.execute_typed(
+                                FENCED_INSERT,
+                                &[(&client_id, Type::INT4), (&n, Type::INT8)],
+                            )
+                            .await?;
+                        }
+                    }
                 }
                 Ok::<_, pgtenant::Error>(())
             })
@@ -377,6 +395,14 @@ async fn unfenced_tx(
             tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
                 .await
                 .map_err(|e| e.to_string())?;
+        }
+        Variant::Batch4 => {
+            for k in 0..4 {
+                let n = n * 4 + k;
+                tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
         }
     }
     tx.commit().await.map_err(|e| e.to_string())
@@ -822,7 +848,7 @@ fn render(
         ROUND.as_secs(),
         WARMUP.as_millis()
     );
-    for variant in [Variant::Prepared, Variant::Typed] {
+    for variant in VARIANTS {
         let _ = writeln!(w, "### {}\n", variant.title());
         let _ = writeln!(
             w,

@@ -253,6 +253,8 @@ pub struct SweepOptions {
     /// `lock_timeout` of each drop transaction (default 2 s): a schema whose objects are busy is
     /// deferred to the next sweep instead of queueing everyone behind it.
     pub lock_timeout: Duration,
+    /// Journal rows (`pgtenant.history`) older than this are pruned. Default 30 days.
+    pub history_retention: Duration,
 }
 
 impl Default for SweepOptions {
@@ -261,6 +263,7 @@ impl Default for SweepOptions {
             retention: Duration::from_secs(7 * 24 * 3600),
             objects_per_transaction: 20,
             lock_timeout: Duration::from_secs(2),
+            history_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -289,13 +292,16 @@ pub struct SweepReport {
     pub deferred: Vec<(String, String)>,
     /// Tenant-like schemas no tenant accounts for: left alone, for a person to look at.
     pub unknown: Vec<String>,
+    /// Journal rows pruned for age.
+    pub history_pruned: u64,
 }
 
 /// Drops trashed schemas past retention and every masked schema (one that belongs to a
 /// tenant's epoch at or below its `forgotten_at_epoch` but is not in the trash), object by
 /// object in small transactions with a `lock_timeout`. Never touches a live schema. Resumable:
 /// a sweep stopped anywhere leaves work the next one finishes. `progress` is called after each
-/// transaction with the schema and how many objects were dropped from it so far.
+/// transaction with the schema and how many objects were dropped from it so far. Also prunes
+/// journal rows older than the history retention.
 pub async fn sweep(
     client: &mut Client,
     options: &SweepOptions,
@@ -346,6 +352,14 @@ pub async fn sweep(
             Err(error) => return Err(error),
         }
     }
+    let history_ms = i64::try_from(options.history_retention.as_millis()).unwrap_or(i64::MAX);
+    report.history_pruned = client
+        .execute(
+            "DELETE FROM pgtenant.history WHERE at < now() - $1::bigint * interval '1 millisecond'",
+            &[&history_ms],
+        )
+        .await
+        .map_err(Error::db("prune the journal"))?;
     Ok(report)
 }
 

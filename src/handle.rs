@@ -325,6 +325,7 @@ impl TenantHandle {
     /// The work's own error; or, converted into `E`: [`Error::Fenced`] / [`Error::Forgotten`]
     /// when PostgreSQL refused the epoch (nothing committed, the handle is over),
     /// [`Error::ExpiredLocally`] (retryable), [`Error::LeaseLost`], database errors.
+    #[tracing::instrument(name = "pgtenant.run", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch))]
     pub async fn run<T, E, F>(&self, work: F) -> Result<T, E>
     where
         E: From<Error>,
@@ -334,6 +335,7 @@ impl TenantHandle {
     }
 
     /// Like [`TenantHandle::run`] in a `READ ONLY` transaction whose fence skips the row lock.
+    #[tracing::instrument(name = "pgtenant.read", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch))]
     pub async fn read<T, E, F>(&self, work: F) -> Result<T, E>
     where
         E: From<Error>,
@@ -432,6 +434,7 @@ impl TenantHandle {
 
     /// Stops taking new work, waits for the work in flight (however long), then releases the
     /// lease. The next owner sees everything this handle committed.
+    #[tracing::instrument(name = "pgtenant.release", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch))]
     pub async fn release(&self) -> Result<()> {
         if !self.inner.transition(SERVING, RELEASED) {
             return Ok(());
@@ -447,12 +450,14 @@ impl TenantHandle {
     /// # Errors
     /// [`Error::DrainTimeout`] when work is still running at the deadline: the tenant keeps
     /// serving here. [`Error::LeaseLost`] when the lease ended meanwhile.
+    #[tracing::instrument(name = "pgtenant.handoff", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch))]
     pub async fn handoff(&self) -> Result<()> {
         self.hand_over(None).await
     }
 
     /// Like [`TenantHandle::handoff`], and reserves the tenant for `replica` for the
     /// reservation window, so no other replica takes it first.
+    #[tracing::instrument(name = "pgtenant.handoff_to", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch, to = replica))]
     pub async fn handoff_to(&self, replica: &str) -> Result<()> {
         crate::options::validate_replica_id("replica", replica)?;
         self.hand_over(Some(replica)).await
@@ -501,6 +506,7 @@ impl TenantHandle {
 
     /// Stops serving at once and releases the lease without waiting for work in flight; that
     /// work either commits before the next owner's acquisition (which waits for it) or fails.
+    #[tracing::instrument(name = "pgtenant.abandon", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch))]
     pub async fn abandon(&self) -> Result<()> {
         if !(self.inner.transition(SERVING, RELEASED) || self.inner.transition(DRAINING, RELEASED))
         {
@@ -521,6 +527,7 @@ impl TenantHandle {
     /// [`Error::Busy`] (Refuse, work in flight), [`Error::DrainTimeout`] (the tenant keeps
     /// serving), [`Error::Draining`] (already being handed off or forgotten),
     /// [`Error::Fenced`] / [`Error::LeaseLost`] when the lease is gone.
+    #[tracing::instrument(name = "pgtenant.forget", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch, ?active))]
     pub async fn forget(&self, active: ActiveWork) -> Result<String> {
         let inner = &self.inner;
         inner.admit()?;

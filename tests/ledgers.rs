@@ -546,6 +546,24 @@ async fn the_sweep_removes_masked_and_expired_schemas_and_never_a_live_one() {
     assert!(!exists(first_schema.clone()).await && !exists(format!("trash_{first_schema}")).await);
     let trash = pgtenant::list_trash(&client).await.unwrap();
     assert!(trash[0].swept_at.is_some());
+    assert_eq!(
+        expired.history_pruned, 0,
+        "the journal is within its retention"
+    );
+
+    // The journal is pruned by age.
+    let mut prune = SweepOptions::default();
+    prune.history_retention = Duration::ZERO;
+    let pruned = pgtenant::sweep(&mut client, &prune, |_, _| {})
+        .await
+        .unwrap();
+    assert!(pruned.history_pruned > 0);
+    let left: i64 = client
+        .query_one("SELECT count(*) FROM pgtenant.history", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
     router.close().await;
 }
 

@@ -432,12 +432,13 @@ async fn cmd_sweep(args: &Args) -> Result<(), String> {
         return print_json(&report);
     }
     println!(
-        "swept {} schema(s) ({} masked); kept {} within retention; deferred {}; unknown {}",
+        "swept {} schema(s) ({} masked); kept {} within retention; deferred {}; unknown {}; pruned {} journal row(s)",
         report.swept.len(),
         report.masked.len(),
         report.kept,
         report.deferred.len(),
-        report.unknown.len()
+        report.unknown.len(),
+        report.history_pruned
     );
     for (schema, why) in &report.deferred {
         println!("  deferred {schema}: {why}");
