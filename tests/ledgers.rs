@@ -774,24 +774,7 @@ async fn close_waits_for_a_forget_under_way() {
     );
     let id = tenant("closing-forget");
     let handle = router.open_or_create(&id).await.unwrap();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
-    let work = {
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            handle
-                .run(move |tx| {
-                    Box::pin(async move {
-                        tx.execute("SELECT 1", &[]).await?;
-                        let _ = started_tx.send(());
-                        let _ = released.await;
-                        Ok::<_, Error>(())
-                    })
-                })
-                .await
-        })
-    };
-    started.await.unwrap();
+    let (release, work) = support::hold_work(&handle).await;
     let mut events = router.subscribe();
     let forgetting = {
         let handle = handle.clone();

@@ -6,35 +6,9 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use pgtenant::{Error, Event, HandoffPolicy, Router, TenantHandle};
-use support::{append, create_log, database, options, router, tenant};
-use tokio::sync::{broadcast, oneshot};
-
-/// Starts work on `handle` that stays in flight until `release` fires; returns once it runs.
-async fn hold_work(
-    handle: &TenantHandle,
-) -> (
-    oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), Error>>,
-) {
-    let (release, released) = oneshot::channel::<()>();
-    let (started_tx, started) = oneshot::channel::<()>();
-    let handle = handle.clone();
-    let task = tokio::spawn(async move {
-        handle
-            .run(move |tx| {
-                Box::pin(async move {
-                    tx.execute("SELECT 1", &[]).await?;
-                    let _ = started_tx.send(());
-                    let _ = released.await;
-                    Ok::<_, Error>(())
-                })
-            })
-            .await
-    });
-    started.await.expect("work started");
-    (release, task)
-}
+use pgtenant::{Error, Event, HandoffPolicy, Router};
+use support::{append, create_log, database, hold_work, options, router, tenant};
+use tokio::sync::broadcast;
 
 /// The next event about `tenant`, skipping heartbeats and other tenants.
 async fn next_for(events: &mut broadcast::Receiver<Event>, tenant: &str) -> Event {

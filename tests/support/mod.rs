@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
 use pgtenant_testkit::TestDatabase;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Short leases so takeover tests finish quickly; margin and period leave room for jitter.
 pub const TTL: Duration = Duration::from_millis(1500);
@@ -305,4 +305,30 @@ fn describe(error: &pgtenant::Error) -> String {
         .unwrap_or("Unknown")
         .to_owned();
     format!("error {variant} {error}")
+}
+
+/// Starts work on `handle` that stays in flight until `release` fires; returns once it runs.
+pub async fn hold_work(
+    handle: &TenantHandle,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<pgtenant::Result<()>>,
+) {
+    let (release, released) = oneshot::channel::<()>();
+    let (started_tx, started) = oneshot::channel::<()>();
+    let handle = handle.clone();
+    let task = tokio::spawn(async move {
+        handle
+            .run(move |tx| {
+                Box::pin(async move {
+                    tx.execute("SELECT 1", &[]).await?;
+                    let _ = started_tx.send(());
+                    let _ = released.await;
+                    Ok::<_, pgtenant::Error>(())
+                })
+            })
+            .await
+    });
+    started.await.expect("work started");
+    (release, task)
 }
