@@ -11,6 +11,10 @@
 //!
 //! It prints a Markdown report and writes it to `/tmp/bench_leases.md` (BENCHMARKS.md collects the three reports).
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{median, median_d, ms, percentile_d};
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -750,34 +754,6 @@ async fn explain_status(admin: &pgtenant::tokio_postgres::Client) -> String {
 // ---------------------------------------------------------------------------------------
 // Statistics and the report
 // ---------------------------------------------------------------------------------------
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Nearest-rank percentile.
-fn percentile_d(values: &[Duration], p: f64) -> Duration {
-    let mut v = values.to_vec();
-    v.sort();
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
-}
-
-fn median_d(values: &[Duration]) -> Duration {
-    let secs: Vec<f64> = values.iter().map(Duration::as_secs_f64).collect();
-    Duration::from_secs_f64(median(&secs))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 fn list(values: &[f64]) -> String {
     values

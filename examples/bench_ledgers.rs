@@ -15,6 +15,10 @@
 //!
 //! It prints a Markdown report and writes it to `/tmp/bench_ledgers.md`.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{median_d, mib, ms};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -468,7 +472,7 @@ async fn bench_ledgers(url: &str, admin: &Client, big_target: i64) -> Part1 {
         eprintln!(
             "[bench]   forget {}: median {:.2} ms, p99 {:.2} ms",
             ledger.name,
-            ms(median(&ledger.forget)),
+            ms(median_d(&ledger.forget)),
             ms(percentile(&ledger.forget, 99.0))
         );
     }
@@ -506,7 +510,7 @@ async fn bench_ledgers(url: &str, admin: &Client, big_target: i64) -> Part1 {
         eprintln!(
             "[bench]   handoff {}: median {:.2} ms, p99 {:.2} ms",
             ledger.name,
-            ms(median(&ledger.handoff)),
+            ms(median_d(&ledger.handoff)),
             ms(percentile(&ledger.handoff, 99.0))
         );
     }
@@ -866,25 +870,6 @@ fn percentile(values: &[Duration], p: f64) -> Duration {
     v[rank.clamp(1, v.len()) - 1]
 }
 
-fn median(values: &[Duration]) -> Duration {
-    let mut v = values.to_vec();
-    v.sort();
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn mib(bytes: i64) -> f64 {
-    bytes as f64 / 1048576.0
-}
-
 fn yes(ok: bool) -> &'static str {
     if ok {
         "yes"
@@ -901,7 +886,7 @@ fn stat_cells(v: &[Duration]) -> String {
         "{} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms",
         v.len(),
         ms(min),
-        ms(median(v)),
+        ms(median_d(v)),
         ms(percentile(v, 90.0)),
         ms(percentile(v, 99.0)),
         ms(max)
@@ -1031,7 +1016,7 @@ fn render(info: &RunInfo, part1: &Part1, part2: &[ColdRow], part3: &Part3) -> St
             yes(percentile(&l.forget, 99.0) < FORGET_P99_TARGET)
         );
     }
-    let (ratio, flat) = flatness(median(&ledgers[0].forget), median(&ledgers[1].forget));
+    let (ratio, flat) = flatness(median_d(&ledgers[0].forget), median_d(&ledgers[1].forget));
     let _ = writeln!(
         w,
         "\nRatio of medians {} / {}: **{ratio:.2}** (flat, i.e. within ×{FLAT_FACTOR} either way: {}).\n",
@@ -1047,7 +1032,7 @@ fn render(info: &RunInfo, part1: &Part1, part2: &[ColdRow], part3: &Part3) -> St
             .map(|l| format!(
                 "{} median {:.2} ms, p99 {:.2} ms",
                 l.name,
-                ms(median(&l.restore)),
+                ms(median_d(&l.restore)),
                 ms(percentile(&l.restore, 99.0))
             ))
             .collect::<Vec<_>>()
@@ -1085,11 +1070,11 @@ fn render(info: &RunInfo, part1: &Part1, part2: &[ColdRow], part3: &Part3) -> St
             l.name,
             stat_cells(&l.handoff),
             yes(percentile(&l.handoff, 99.0) < HANDOFF_P99_TARGET),
-            ms(median(&l.handoff_call)),
+            ms(median_d(&l.handoff_call)),
             ms(percentile(&l.handoff_call, 99.0))
         );
     }
-    let (ratio, flat) = flatness(median(&ledgers[0].handoff), median(&ledgers[1].handoff));
+    let (ratio, flat) = flatness(median_d(&ledgers[0].handoff), median_d(&ledgers[1].handoff));
     let _ = writeln!(
         w,
         "\nRatio of medians {} / {}: **{ratio:.2}** (flat, i.e. within ×{FLAT_FACTOR} either way: {}).\n",

@@ -14,6 +14,10 @@
 //!
 //! It prints a Markdown report and writes it to `/tmp/bench_router.md`.
 
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{median, median_d, mib, ms, percentile_d};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
@@ -652,38 +656,6 @@ async fn bench_memory(
 // ---------------------------------------------------------------------------------------
 // Statistics and the report
 // ---------------------------------------------------------------------------------------
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Nearest-rank percentile.
-fn percentile_d(values: &[Duration], p: f64) -> Duration {
-    let mut v = values.to_vec();
-    v.sort();
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    v[rank.clamp(1, v.len()) - 1]
-}
-
-fn median_d(values: &[Duration]) -> Duration {
-    let secs: Vec<f64> = values.iter().map(Duration::as_secs_f64).collect();
-    Duration::from_secs_f64(median(&secs))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn mib(bytes: i64) -> f64 {
-    bytes as f64 / 1048576.0
-}
 
 struct RunInfo {
     date: String,
