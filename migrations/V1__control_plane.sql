@@ -427,22 +427,26 @@ LANGUAGE sql AS $$
 $$;
 
 -- The read-only variant: the same checks, no lock.
-CREATE FUNCTION pgtenant.fence_read(p_key text, p_epoch bigint, p_idle_ms text) RETURNS text
+CREATE FUNCTION pgtenant.fence_read(p_key text, p_epoch bigint, p_lock integer, p_idle_ms text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
     v_epoch bigint;
     v_owner text;
     v_schema text;
     v_forgotten bigint;
+    v_lock integer;
 BEGIN
-    SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch
-      INTO v_epoch, v_owner, v_schema, v_forgotten
+    SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
+      INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
       FROM pgtenant.tenants t WHERE t.key = p_key;
-    IF v_epoch IS NULL OR v_epoch <> p_epoch OR v_owner IS NULL OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
+    IF v_lock IS DISTINCT FROM p_lock THEN
+        RAISE EXCEPTION 'pgtenant: lock key % is not tenant %''s', p_lock, p_key;
+    END IF;
+    IF v_epoch <> p_epoch OR v_owner IS NULL OR v_schema IS NULL OR v_forgotten >= p_epoch THEN
         PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
     END IF;
-    PERFORM set_config('search_path', v_schema, true);
-    PERFORM set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
+    PERFORM set_config('search_path', v_schema, true),
+            set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
     RETURN v_schema;
 END $$;
 

@@ -28,13 +28,15 @@ const RELEASED: u8 = 2;
 const LOST: u8 = 3;
 const FORGOTTEN: u8 = 4;
 
-/// The first statement of every fenced transaction: the fence (row lock + epoch check) pins
-/// search_path for this transaction only, and an idle-in-transaction timeout bounds how long a
-/// paused owner can hold the tenant row against a successor.
+/// The first statement of every fenced transaction: the fence (the tenant's advisory lock held
+/// shared + the epoch check) pins search_path for this transaction only, and an
+/// idle-in-transaction timeout bounds how long a paused owner can hold up a successor. Both
+/// forms take (key, epoch, lock key, idle ms) and always return one row or raise.
 const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
-/// The fence's parameter types, for the unnamed (uncached) form.
+/// The read-only variant: the same checks without the lock.
+const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
+/// The fences' parameter types, for the unnamed (uncached) form.
 const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
-const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $4) WHERE $3::integer IS NOT NULL";
 
 pub(crate) struct HandleInner {
     pub(crate) id: TenantId,
@@ -99,6 +101,10 @@ impl HandleInner {
 
     pub(crate) fn schema(&self) -> &str {
         &self.schema
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
     }
 
     pub(crate) fn is_draining(&self) -> bool {
@@ -311,7 +317,7 @@ impl TenantHandle {
 
     /// Units of work running now.
     pub fn in_flight(&self) -> usize {
-        self.inner.in_flight.load(Ordering::Acquire)
+        self.inner.in_flight()
     }
 
     /// Runs `work` in a fenced read-write transaction on the tenant's schema and commits it.

@@ -599,9 +599,7 @@ impl Router {
                 None
             }
         });
-        let in_flight = local
-            .map(|h| TenantHandle::from_inner(h).in_flight())
-            .unwrap_or(0);
+        let in_flight = local.map(|h| h.in_flight()).unwrap_or(0);
         Ok(match row {
             Some(row) => TenantStatus {
                 tenant: id.key().to_owned(),
@@ -754,10 +752,7 @@ impl Router {
             open: handles.values().filter(|h| h.is_serving()).count(),
             draining: handles.values().filter(|h| h.is_draining()).count(),
             opening: lock(&shared.opening).len(),
-            in_flight: handles
-                .values()
-                .map(|h| TenantHandle::from_inner(h.clone()).in_flight())
-                .sum(),
+            in_flight: handles.values().map(|h| h.in_flight()).sum(),
             closed: shared.closed.load(Ordering::Acquire),
         }
     }
