@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls};
 
 use crate::control_plane::LOCK_NAMESPACE;
 use crate::error::{Error, Result};
@@ -163,7 +163,10 @@ impl LeaseSession {
             .await
             .map_err(Error::db("configure the lease session"))?;
 
+        // Before the control plane is read: behind a transaction pooler the check below could
+        // fail on a prepared statement the pooler lost, hiding the real cause.
         probe_for_pooler(&client, &config).await?;
+        crate::control_plane::ensure_current(&client).await?;
         let lock_key: i32 = client
             .query_one(
                 "SELECT pgtenant.replica_lock_key($1)",
@@ -233,38 +236,66 @@ impl LeaseSession {
 }
 
 /// Refuses a lease session that does not own its backend. Behind a transaction- or
-/// statement-mode pooler, a session's backend goes back to the pool after every statement, so a
-/// second client that opens a transaction is handed that very backend: seeing the lease
-/// session's pid there proves the pooling. A direct connection (or session-mode pooling) can
-/// never show it, since every session has a backend of its own.
+/// statement-mode pooler, a session's backend goes back to the pool after every statement. So
+/// while a second client holds a transaction, the lease session must keep its own backend and
+/// that client must never be handed it; a direct connection (or session-mode pooling) passes
+/// every round, since every session has a backend of its own. One round is not enough: a pooler
+/// may add a server connection to its idle list at any moment (PgBouncer launches them
+/// asynchronously), which hides the lease session's backend from the probe once; in the next
+/// round the lease session itself lands on that other server. Each round shows the pooling with
+/// every idle-list order (LIFO or round robin) unless other clients race for the same pool.
 async fn probe_for_pooler(lease: &Client, config: &tokio_postgres::Config) -> Result<()> {
+    const ROUNDS: usize = 3;
     let context = "probe the lease session for a pooler";
-    let lease_pid: i32 = lease
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(context))?;
-    let (mut probe, connection) = config.connect(NoTls).await.map_err(Error::db(context))?;
-    let driver = tokio::spawn(connection);
-    let probe_pid: i32 = {
-        let tx = probe.transaction().await.map_err(Error::db(context))?;
-        let pid = tx
-            .query_one("SELECT pg_backend_pid()", &[])
+    // Unnamed statements: a named one could be prepared on one server and executed on another.
+    async fn backend_of(client: &impl GenericClient) -> Result<i32> {
+        client
+            .query_typed_one("SELECT pg_backend_pid()", &[])
             .await
             .and_then(|row| row.try_get(0))
-            .map_err(Error::db(context))?;
-        tx.rollback().await.map_err(Error::db(context))?;
-        pid
+            .map_err(Error::db("probe the lease session for a pooler"))
+    }
+    let pooled = |detail: String| {
+        Error::NotASession(format!(
+            "{detail}: a transaction-mode pooler is in front; connect the lease session directly \
+             or through session pooling"
+        ))
     };
+    let lease_pid = backend_of(lease).await?;
+    let (mut probe, connection) = config.connect(NoTls).await.map_err(Error::db(context))?;
+    let driver = tokio::spawn(connection);
+    let mut verdict = Ok(());
+    for _ in 0..ROUNDS {
+        let moved = |pid: i32| {
+            pooled(format!(
+                "the lease session's statements ran on two backends (pids {lease_pid} and {pid})"
+            ))
+        };
+        let now = backend_of(lease).await?;
+        if now != lease_pid {
+            verdict = Err(moved(now));
+            break;
+        }
+        let tx = probe.transaction().await.map_err(Error::db(context))?;
+        let probe_pid = backend_of(&tx).await?;
+        if probe_pid == lease_pid {
+            verdict = Err(pooled(format!(
+                "another client was given the lease session's backend (pid {lease_pid})"
+            )));
+            break;
+        }
+        // The probe's transaction pins its backend, so a pooler must find the lease
+        // session another one — or its own, which it can only do without pooling.
+        let during = backend_of(lease).await?;
+        tx.rollback().await.map_err(Error::db(context))?;
+        if during != lease_pid {
+            verdict = Err(moved(during));
+            break;
+        }
+    }
     drop(probe);
     let _ = driver.await;
-    if probe_pid == lease_pid {
-        return Err(Error::NotASession(format!(
-            "another client was given the lease session's backend (pid {lease_pid}): a transaction-mode \
-             pooler is in front; connect the lease session directly or through session pooling"
-        )));
-    }
-    Ok(())
+    verdict
 }
 
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.

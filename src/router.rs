@@ -13,7 +13,6 @@ use tokio_postgres::types::Type;
 use tokio_postgres::NoTls;
 use tracing::{info, instrument, warn, Instrument};
 
-use crate::control_plane::ensure_current;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{HandleInner, TenantHandle};
@@ -229,13 +228,6 @@ impl Router {
             Some(pool) => pool.clone(),
             None => build_pool(&options)?,
         };
-        {
-            let client = pool
-                .get()
-                .await
-                .map_err(pool_error("check the control plane"))?;
-            ensure_current(&client).await?;
-        }
         let (notices, _) = broadcast::channel(EVENT_BUFFER);
         let session = LeaseSession::open(&options, notices.clone()).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);

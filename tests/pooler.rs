@@ -22,7 +22,8 @@ struct Bouncer {
 }
 
 impl Bouncer {
-    fn start(upstream: &tokio_postgres::Config) -> Bouncer {
+    /// `settings` are extra `[pgbouncer]` lines, e.g. `server_round_robin = 1`.
+    fn start(upstream: &tokio_postgres::Config, settings: &str) -> Bouncer {
         assert!(
             std::path::Path::new(PGBOUNCER).exists(),
             "this test needs PgBouncer: apt-get install pgbouncer (.ci/run installs it)"
@@ -41,7 +42,7 @@ impl Bouncer {
              [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
              auth_type = any\npool_mode = transaction\ndefault_pool_size = 4\nmax_client_conn = 50\n\
              server_reset_query =\nignore_startup_parameters = extra_float_digits,options\n\
-             logfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n",
+             logfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n{settings}\n",
             dir = dir.display()
         );
         std::fs::write(dir.join("pgbouncer.ini"), ini).expect("ini");
@@ -65,6 +66,28 @@ impl Bouncer {
             std::thread::sleep(Duration::from_millis(20)); // readiness wait for a process we started
         }
         Bouncer { child, dir, port }
+    }
+
+    /// Makes the pooler open `count` server connections, all left idle in its pool: that many
+    /// clients hold a transaction at once, then end.
+    async fn open_spare_servers(&self, database: &str, count: usize) {
+        let mut clients = Vec::new();
+        for _ in 0..count {
+            let (client, connection) = self
+                .config(database)
+                .connect(tokio_postgres::NoTls)
+                .await
+                .expect("connect through pgbouncer");
+            tokio::spawn(connection);
+            client
+                .batch_execute("BEGIN; SELECT 1")
+                .await
+                .expect("begin");
+            clients.push(client);
+        }
+        for client in &clients {
+            client.batch_execute("COMMIT").await.expect("commit");
+        }
     }
 
     /// The same database, through the pooler.
@@ -103,33 +126,47 @@ fn postgres_user() -> (u32, u32) {
         .expect("a postgres user")
 }
 
+/// Refused whatever the pooler's idle list holds and whatever order it hands servers out in:
+/// LIFO (PgBouncer's default) with one server or with spare ones, and round robin (where the
+/// lease session's own statements move between servers, and a single probe is handed another
+/// server than the lease session's).
 #[tokio::test]
 async fn a_lease_session_behind_transaction_pooling_is_refused() {
-    let (db, client) = database().await;
-    let bouncer = Bouncer::start(&db.config());
-    let behind = pgtenant::RouterOptions::new("pooled", bouncer.config(db.name()));
-    match Router::start(behind).await {
-        Err(error @ Error::NotASession(_)) => {
-            assert!(error.to_string().contains("pooler"), "{error}");
+    for (settings, warm) in [("", false), ("", true), ("server_round_robin = 1", true)] {
+        let (db, client) = database().await;
+        let bouncer = Bouncer::start(&db.config(), settings);
+        if warm {
+            bouncer.open_spare_servers(db.name(), 3).await;
         }
-        Err(other) => panic!("expected NotASession, got {other}"),
-        Ok(_) => panic!("a lease session behind transaction pooling was accepted"),
+        let behind = pgtenant::RouterOptions::new("pooled", bouncer.config(db.name()));
+        match Router::start(behind).await {
+            Err(error @ Error::NotASession(_)) => {
+                assert!(
+                    error.to_string().contains("pooler"),
+                    "{settings:?}: {error}"
+                );
+            }
+            Err(other) => panic!("{settings:?}: expected NotASession, got {other}"),
+            Ok(_) => {
+                panic!("{settings:?}: a lease session behind transaction pooling was accepted")
+            }
+        }
+        let registered: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pgtenant.replicas WHERE incarnation > 0",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(registered, 0, "{settings:?}: nothing was registered");
     }
-    let registered: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pgtenant.replicas WHERE incarnation > 0",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(registered, 0, "nothing was registered");
 }
 
 #[tokio::test]
 async fn the_data_path_works_behind_transaction_pooling() {
     let (db, _client) = database().await;
-    let bouncer = Bouncer::start(&db.config());
+    let bouncer = Bouncer::start(&db.config(), "");
     let manager = Manager::from_config(
         bouncer.config(db.name()),
         tokio_postgres::NoTls,
