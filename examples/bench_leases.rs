@@ -4,7 +4,9 @@
 //! whatever `pgtenant_testkit::TestDatabase::create` finds). It measures, in one run:
 //!
 //! 1. throughput of a fenced transaction (`TenantHandle::run`) against the identical unfenced
-//!    tokio-postgres transaction, at 1, 8 and 32 concurrent clients, rounds interleaved;
+//!    tokio-postgres transaction (bare, and with `search_path` pinned as a schema-per-tenant
+//!    application pins it), at 1, 8 and 32 concurrent clients, rounds interleaved, with the
+//!    client's and the server's CPU time per transaction;
 //! 2. takeover latency after the owning replica process is SIGKILLed (the example re-executes
 //!    itself as the owner: `bench_leases child <url> <replica> <ledger>`);
 //! 3. the cost of the heartbeat statement with 1, 1 000 and 100 000 held tenants.
@@ -14,7 +16,7 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{median, median_d, ms, percentile_d};
+use common::{cpu_seconds, median, median_d, ms, percentile_d};
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -82,8 +84,28 @@ impl Variant {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Fenced,
+    /// The same transaction without pgtenant, on a fully qualified table.
     Unfenced,
+    /// The same transaction without pgtenant as a schema-per-tenant application must write it:
+    /// `search_path` pinned for the transaction (pipelined ahead of the work, like the fence),
+    /// unqualified table names.
+    Pinned,
 }
+
+/// Every mode, in the order of the first round; later rounds rotate it.
+const MODES: [Mode; 3] = [Mode::Fenced, Mode::Unfenced, Mode::Pinned];
+
+/// The baseline's statements.
+#[derive(Clone)]
+struct Baseline {
+    /// `INSERT INTO baseline.tput_cN …`
+    qualified: Arc<str>,
+    /// `INSERT INTO tput_cN …`, under `search_path = baseline`.
+    unqualified: Arc<str>,
+}
+
+/// The pinning statement of [`Mode::Pinned`].
+const PIN_SQL: &str = "SELECT set_config('search_path', $1, true)";
 
 #[tokio::main]
 async fn main() {
@@ -174,6 +196,11 @@ struct ThroughputRow {
     clients: usize,
     fenced: Vec<f64>,
     unfenced: Vec<f64>,
+    pinned: Vec<f64>,
+    /// Per round: CPU µs per committed transaction, (client, server).
+    fenced_cpu: Vec<(f64, f64)>,
+    unfenced_cpu: Vec<(f64, f64)>,
+    pinned_cpu: Vec<(f64, f64)>,
     errors: u64,
 }
 
@@ -214,8 +241,11 @@ async fn bench_throughput(
             ))
             .await
             .expect("create baseline table");
-        let unfenced_sql: Arc<str> =
-            format!("INSERT INTO {table} (client_id, n) VALUES ($1, $2)").into();
+        let baseline = Baseline {
+            qualified: format!("INSERT INTO {table} (client_id, n) VALUES ($1, $2)").into(),
+            unqualified: format!("INSERT INTO tput_c{clients} (client_id, n) VALUES ($1, $2)")
+                .into(),
+        };
         let pool = baseline_pool(url, clients);
 
         for variant in VARIANTS {
@@ -224,46 +254,42 @@ async fn bench_throughput(
                 clients,
                 fenced: Vec::new(),
                 unfenced: Vec::new(),
+                pinned: Vec::new(),
+                fenced_cpu: Vec::new(),
+                unfenced_cpu: Vec::new(),
+                pinned_cpu: Vec::new(),
                 errors: 0,
             };
-            for mode in [Mode::Fenced, Mode::Unfenced] {
-                let (_, errors) = round(
-                    mode,
-                    variant,
-                    clients,
-                    WARMUP,
-                    &handle,
-                    &pool,
-                    &unfenced_sql,
-                )
-                .await;
-                row.errors += errors;
+            for mode in MODES {
+                let warmup = round(mode, variant, clients, WARMUP, &handle, &pool, &baseline).await;
+                row.errors += warmup.failed;
             }
             for r in 0..ROUNDS {
-                let order = if r % 2 == 0 {
-                    [Mode::Fenced, Mode::Unfenced]
-                } else {
-                    [Mode::Unfenced, Mode::Fenced]
-                };
+                let mut order = MODES;
+                order.rotate_left(r % MODES.len());
                 for mode in order {
-                    let (tps, errors) =
-                        round(mode, variant, clients, ROUND, &handle, &pool, &unfenced_sql).await;
-                    row.errors += errors;
-                    match mode {
-                        Mode::Fenced => row.fenced.push(tps),
-                        Mode::Unfenced => row.unfenced.push(tps),
-                    }
+                    let result =
+                        round(mode, variant, clients, ROUND, &handle, &pool, &baseline).await;
+                    row.errors += result.failed;
+                    let (tps, cpu) = match mode {
+                        Mode::Fenced => (&mut row.fenced, &mut row.fenced_cpu),
+                        Mode::Unfenced => (&mut row.unfenced, &mut row.unfenced_cpu),
+                        Mode::Pinned => (&mut row.pinned, &mut row.pinned_cpu),
+                    };
+                    tps.push(result.tps);
+                    cpu.push((result.client_us, result.server_us));
                 }
             }
             eprintln!(
-                "[bench]   {} clients={clients}: fenced {:.0} tx/s, unfenced {:.0} tx/s",
+                "[bench]   {} clients={clients}: fenced {:.0} tx/s, unfenced {:.0} tx/s, pinned {:.0} tx/s",
                 match variant {
                     Variant::Prepared => "A",
                     Variant::Typed => "B",
                     Variant::Batch4 => "C",
                 },
                 median(&row.fenced),
-                median(&row.unfenced)
+                median(&row.unfenced),
+                median(&row.pinned)
             );
             rows.push(row);
         }
@@ -292,8 +318,18 @@ fn baseline_pool(url: &str, size: usize) -> Pool {
         .expect("baseline pool")
 }
 
+/// One round's result.
+#[derive(Default)]
+struct RoundResult {
+    /// Committed transactions per second.
+    tps: f64,
+    failed: u64,
+    /// CPU microseconds per committed transaction: this process (the client), the server.
+    client_us: f64,
+    server_us: f64,
+}
+
 /// One round: `clients` tasks each run transactions back to back until the deadline.
-/// Returns committed transactions per second and the number of failed transactions.
 async fn round(
     mode: Mode,
     variant: Variant,
@@ -301,15 +337,16 @@ async fn round(
     length: Duration,
     handle: &TenantHandle,
     pool: &Pool,
-    unfenced_sql: &Arc<str>,
-) -> (f64, u64) {
+    baseline: &Baseline,
+) -> RoundResult {
+    let cpu_before = cpu_seconds();
     let start = Instant::now();
     let deadline = start + length;
     let mut tasks = JoinSet::new();
     for client in 0..clients {
         let handle = handle.clone();
         let pool = pool.clone();
-        let sql = unfenced_sql.clone();
+        let baseline = baseline.clone();
         let client_id = i32::try_from(client).expect("client id");
         tasks.spawn(async move {
             let (mut done, mut failed) = (0_u64, 0_u64);
@@ -318,7 +355,13 @@ async fn round(
                 n += 1;
                 let result = match mode {
                     Mode::Fenced => fenced_tx(&handle, variant, client_id, n).await,
-                    Mode::Unfenced => unfenced_tx(&pool, variant, &sql, client_id, n).await,
+                    Mode::Unfenced => {
+                        unfenced_tx(&pool, variant, &baseline.qualified, None, client_id, n).await
+                    }
+                    Mode::Pinned => {
+                        let pin = Some("baseline");
+                        unfenced_tx(&pool, variant, &baseline.unqualified, pin, client_id, n).await
+                    }
                 };
                 match result {
                     Ok(()) => done += 1,
@@ -339,7 +382,19 @@ async fn round(
         done += d;
         failed += f;
     }
-    (done as f64 / start.elapsed().as_secs_f64(), failed)
+    let elapsed = start.elapsed();
+    let (client_us, server_us) = match (cpu_before, cpu_seconds()) {
+        (Some((c0, s0)), Some((c1, s1))) if done > 0 => {
+            ((c1 - c0) * 1e6 / done as f64, (s1 - s0) * 1e6 / done as f64)
+        }
+        _ => (f64::NAN, f64::NAN),
+    };
+    RoundResult {
+        tps: done as f64 / elapsed.as_secs_f64(),
+        failed,
+        client_us,
+        server_us,
+    }
 }
 
 async fn fenced_tx(
@@ -380,35 +435,55 @@ async fn fenced_tx(
         .map_err(|e| e.to_string())
 }
 
+/// The baseline transaction; with `pin`, `search_path` is set to that schema for the
+/// transaction by a prepared statement sent ahead of the work in the same flight.
 async fn unfenced_tx(
     pool: &Pool,
     variant: Variant,
     sql: &str,
+    pin: Option<&str>,
     client_id: i32,
     n: i64,
 ) -> Result<(), String> {
     let mut client = pool.get().await.map_err(|e| e.to_string())?;
+    let pin_statement = match pin {
+        Some(_) => Some(
+            client
+                .prepare_cached(PIN_SQL)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
     let tx = client.transaction().await.map_err(|e| e.to_string())?;
-    match variant {
-        Variant::Prepared => {
-            tx.execute(sql, &[&client_id, &n])
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        Variant::Typed => {
-            tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        Variant::Batch4 => {
-            for k in 0..4 {
-                let n = n * 4 + k;
+    let work = async {
+        match variant {
+            Variant::Prepared => {
+                tx.execute(sql, &[&client_id, &n]).await?;
+            }
+            Variant::Typed => {
                 tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
+            }
+            Variant::Batch4 => {
+                for k in 0..4 {
+                    let n = n * 4 + k;
+                    tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
+                        .await?;
+                }
             }
         }
+        Ok::<_, pgtenant::tokio_postgres::Error>(())
+    };
+    match (&pin_statement, pin) {
+        // try_join polls the pin first, so its messages go out ahead of the work's.
+        (Some(statement), Some(schema)) => {
+            let params: [&(dyn pgtenant::tokio_postgres::types::ToSql + Sync); 1] = [&schema];
+            tokio::try_join!(tx.query(statement, &params), work).map(|_| ())
+        }
+        _ => work.await,
     }
+    .map_err(|e| e.to_string())?;
     tx.commit().await.map_err(|e| e.to_string())
 }
 
@@ -814,50 +889,85 @@ fn render(
     let _ = writeln!(
         w,
         "Each transaction: BEGIN; INSERT INTO <table> (client_id, n) VALUES ($1, $2); COMMIT. \
-         Fenced: `TenantHandle::run` on one tenant (table in the tenant schema; the fence statement \
-         is pipelined ahead of the INSERT). Unfenced: `client.transaction()` on a connection from a \
+         **Fenced**: `TenantHandle::run` on one tenant (table in the tenant schema; the fence statement \
+         is pipelined ahead of the INSERT). **Unfenced**: `client.transaction()` on a connection from a \
          deadpool pool (same size, same fast recycling) into an identical table `baseline.tput_c<N>`, \
-         fully qualified. Pool size = clients on both sides. {ROUNDS} rounds of {} s per mode and \
-         concurrency, modes alternating (fenced first in even rounds, unfenced first in odd ones), \
-         after a {} ms warm-up of each. Values are committed tx/s; ratio = fenced / unfenced \
-         (target ≥ 0.95).\n",
+         fully qualified. **Pinned**: the unfenced transaction as a schema-per-tenant application \
+         without pgtenant writes it: `set_config('search_path', 'baseline', true)` (prepared) pipelined \
+         ahead of the same INSERT with an unqualified table name. Pool size = clients on every side. \
+         {ROUNDS} rounds of {} s per mode and concurrency, the mode order rotating every round, after \
+         a {} ms warm-up of each. Values are committed tx/s; the target is fenced / unfenced ≥ 0.95; \
+         fenced / pinned is what the fence costs beyond the routing any such application pays.\n",
         ROUND.as_secs(),
         WARMUP.as_millis()
     );
+    let paired = |a: &[f64], b: &[f64]| -> f64 {
+        let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+        median(&ratios)
+    };
     for variant in VARIANTS {
         let _ = writeln!(w, "### {}\n", variant.title());
         let _ = writeln!(
             w,
-            "| clients | fenced tx/s (median) | unfenced tx/s (median) | ratio of medians | median of per-round ratios | target met | failed tx |"
+            "| clients | fenced tx/s | unfenced tx/s | pinned tx/s | fenced / unfenced | per-round median | fenced / pinned | per-round median | target met | failed tx |"
         );
-        let _ = writeln!(w, "|---:|---:|---:|---:|---:|:---:|---:|");
+        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|");
         for row in throughput.iter().filter(|r| r.variant == variant) {
-            let f = median(&row.fenced);
-            let u = median(&row.unfenced);
-            let paired: Vec<f64> = row
-                .fenced
-                .iter()
-                .zip(&row.unfenced)
-                .map(|(f, u)| f / u)
-                .collect();
+            let (f, u, p) = (
+                median(&row.fenced),
+                median(&row.unfenced),
+                median(&row.pinned),
+            );
             let ratio = f / u;
             let _ = writeln!(
                 w,
-                "| {} | {f:.0} | {u:.0} | {ratio:.3} | {:.3} | {} | {} |",
+                "| {} | {f:.0} | {u:.0} | {p:.0} | {ratio:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
                 row.clients,
-                median(&paired),
+                paired(&row.fenced, &row.unfenced),
+                f / p,
+                paired(&row.fenced, &row.pinned),
                 if ratio >= 0.95 { "yes" } else { "no" },
                 row.errors
             );
         }
-        let _ = writeln!(w, "\nPer-round tx/s:\n");
+        let _ = writeln!(
+            w,
+            "\nCPU per committed transaction (µs, median over rounds; client = this process, \
+             server = every `postgres` process): on separate machines the server's CPU bounds \
+             throughput, so unfenced / fenced server CPU is the ratio a server-bound deployment \
+             would see.\n"
+        );
+        let _ = writeln!(
+            w,
+            "| clients | client fenced | client unfenced | client pinned | server fenced | server unfenced | server pinned | server unfenced / fenced | server pinned / fenced |"
+        );
+        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for row in throughput.iter().filter(|r| r.variant == variant) {
+            let client = |cpu: &[(f64, f64)]| median(&cpu.iter().map(|c| c.0).collect::<Vec<_>>());
+            let server = |cpu: &[(f64, f64)]| median(&cpu.iter().map(|c| c.1).collect::<Vec<_>>());
+            let sf = server(&row.fenced_cpu);
+            let _ = writeln!(
+                w,
+                "| {} | {:.0} | {:.0} | {:.0} | {sf:.0} | {:.0} | {:.0} | {:.3} | {:.3} |",
+                row.clients,
+                client(&row.fenced_cpu),
+                client(&row.unfenced_cpu),
+                client(&row.pinned_cpu),
+                server(&row.unfenced_cpu),
+                server(&row.pinned_cpu),
+                server(&row.unfenced_cpu) / sf,
+                server(&row.pinned_cpu) / sf,
+            );
+        }
+        let _ = writeln!(w, "\nPer-round tx/s (medians above):\n");
         for row in throughput.iter().filter(|r| r.variant == variant) {
             let _ = writeln!(
                 w,
-                "- {} clients: fenced [{}]; unfenced [{}]",
+                "- {} clients: fenced [{}]; unfenced [{}]; pinned [{}]",
                 row.clients,
                 list(&row.fenced),
-                list(&row.unfenced)
+                list(&row.unfenced),
+                list(&row.pinned)
             );
         }
         let _ = writeln!(w);

@@ -38,3 +38,33 @@ pub fn ms(d: Duration) -> f64 {
 pub fn mib(bytes: i64) -> f64 {
     bytes as f64 / 1048576.0
 }
+
+/// CPU time used so far (user + system) by this process and by every process named `postgres`
+/// on the machine (the server: its backends, WAL writer, checkpointer…), from /proc, in
+/// seconds. /proc counts in USER_HZ ticks, 100 per second on every Linux ABI: 10 ms
+/// resolution, fine over rounds of seconds. `None` where /proc is not Linux's.
+pub fn cpu_seconds() -> Option<(f64, f64)> {
+    fn ticks(stat: &str) -> Option<(String, u64)> {
+        // comm is in parentheses and may hold spaces; the fields after it are space-separated.
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let comm = stat[open + 1..close].to_owned();
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some((comm, utime + stime))
+    }
+    const USER_HZ: f64 = 100.0;
+    let own = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?.1;
+    let mut server = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) {
+            if let Some((comm, t)) = ticks(&stat) {
+                if comm == "postgres" {
+                    server += t;
+                }
+            }
+        }
+    }
+    Some((own as f64 / USER_HZ, server as f64 / USER_HZ))
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Where a fenced transaction's cost goes, measured with pgbench (a C client, so the numbers are
+# the server's): the plain transaction `BEGIN; INSERT; COMMIT` against the same with one more
+# statement in front of the INSERT, from an empty `SELECT 1` up to the real fence.
+#
+#   bash examples/pgbench_fence.sh [clients] [seconds] [repetitions]
+#
+# Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth), pgbench and a built
+# `target/debug/pgtenant` (cargo build -p pgtenant-cli). Creates and drops the database
+# pgtenant_pgbench. With PIN_SERVER=1 (root only) PostgreSQL's processes run on CPU 1 and
+# pgbench on CPU 0 for the run, as on separate machines, so the client cannot steal the
+# server's CPU; the affinity is restored afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+clients=${1:-8}
+seconds=${2:-8}
+repetitions=${3:-2}
+db=pgtenant_pgbench
+psql_=(psql -h 127.0.0.1 -U postgres -v ON_ERROR_STOP=1 -q)
+
+"${psql_[@]}" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+target/debug/pgtenant setup --database-url "postgres://postgres@127.0.0.1/$db" >/dev/null
+"${psql_[@]}" -d "$db" <<'SQL'
+INSERT INTO pgtenant.replicas (replica_id, incarnation) VALUES ('bench', 1);
+INSERT INTO pgtenant.tenants (key, organization, ledger, schema_name, epoch, owner, owner_incarnation)
+     VALUES ('o/l', 'o', 'l', 't_o_l_1', 1, 'bench', 1);
+CREATE SCHEMA t_o_l_1;
+CREATE TABLE t_o_l_1.log (client_id integer, n bigint);
+-- Pieces of the fence, each alone in a plpgsql function of the same signature.
+CREATE FUNCTION public.empty(text, bigint, integer, text) RETURNS text
+    LANGUAGE plpgsql AS $$ BEGIN RETURN 'x'; END $$;
+CREATE FUNCTION public.lock_only(p_key text, p_epoch bigint, p_lock integer, p_idle text) RETURNS text
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock_shared(1885828146, p_lock); RETURN 'x'; END $$;
+CREATE FUNCTION public.read_only(p_key text, p_epoch bigint, p_lock integer, p_idle text) RETURNS text
+    LANGUAGE plpgsql AS $$ DECLARE v bigint; BEGIN SELECT epoch INTO v FROM pgtenant.tenants WHERE key = p_key; RETURN 'x'; END $$;
+SQL
+lock_key=$("${psql_[@]}" -d "$db" -At -c "SELECT lock_key FROM pgtenant.tenants WHERE key = 'o/l'")
+
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+insert="INSERT INTO log (client_id, n) VALUES (1, 1);"
+qualified="INSERT INTO t_o_l_1.log (client_id, n) VALUES (1, 1);"
+printf 'BEGIN;\n%s\nCOMMIT;\n' "$qualified" >"$dir/plain.sql"
+printf 'BEGIN;\nSELECT 1;\n%s\nCOMMIT;\n' "$qualified" >"$dir/select_1.sql"
+printf "BEGIN;\nSELECT set_config('search_path', 't_o_l_1', true);\n%s\nCOMMIT;\n" "$insert" >"$dir/search_path.sql"
+for f in empty lock_only read_only; do
+    printf "BEGIN;\nSELECT public.%s('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$f" "$lock_key" "$qualified" >"$dir/$f.sql"
+done
+printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence.sql"
+variants=(plain select_1 empty lock_only read_only search_path fence)
+
+client_cpu=()
+if [ "${PIN_SERVER:-0}" = 1 ]; then
+    for pid in $(pgrep -u postgres -x postgres); do taskset -p 0x2 "$pid" >/dev/null; done
+    trap 'for pid in $(pgrep -u postgres -x postgres); do taskset -p 0x3 "$pid" >/dev/null; done; rm -rf "$dir"' EXIT
+    client_cpu=(taskset 0x1)
+fi
+
+declare -A tps
+for rep in $(seq 1 "$repetitions"); do
+    for v in "${variants[@]}"; do
+        t=$("${client_cpu[@]}" pgbench -n -h 127.0.0.1 -U postgres -M prepared -c "$clients" -j 1 \
+            -T "$seconds" -f "$dir/$v.sql" "$db" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+        tps[$v]="${tps[$v]:-} $t"
+    done
+done
+
+median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+plain=$(echo "${tps[plain]}" | median)
+echo "| statement before the INSERT ($clients clients, ${seconds} s × $repetitions, PIN_SERVER=${PIN_SERVER:-0}) | tps (median) | × plain |"
+echo "|---|---:|---:|"
+for v in "${variants[@]}"; do
+    m=$(echo "${tps[$v]}" | median)
+    printf '| %s | %.0f | %.2f |\n' "$v" "$m" "$(echo "$m / $plain" | bc -l)"
+done
+"${psql_[@]}" -c "DROP DATABASE $db"
