@@ -13,7 +13,7 @@ use tokio_postgres::{CancelToken, NoTls, Transaction};
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 use crate::event::Event;
 use crate::id::TenantId;
-use crate::router::{pool_error, release_lease, Shared};
+use crate::router::{pool_error, Shared};
 
 /// A boxed, sendable future borrowing a transaction: what work passed to
 /// [`TenantHandle::run`] returns (`|tx| Box::pin(async move { … })`).
@@ -618,25 +618,20 @@ impl TenantHandle {
         Ok(trash)
     }
 
-    async fn give_back(&self, event: &str, to: Option<&str>) -> Result<()> {
+    async fn give_back(&self, event: &'static str, to: Option<&str>) -> Result<()> {
         let inner = &self.inner;
         let router = &inner.router;
         router.detach(inner);
-        let client = router
-            .pool
-            .get()
-            .await
-            .map_err(pool_error("release a lease"))?;
-        let released = release_lease(
-            &client,
-            &inner.id,
-            inner.epoch,
-            &router.options.replica_id,
-            inner.incarnation,
-            event,
-            to.map(|replica| (replica, router.options.reservation)),
-        )
-        .await?;
+        let released = router
+            .releases
+            .release(
+                &inner.id,
+                inner.epoch,
+                inner.incarnation,
+                event,
+                to.map(|replica| (replica, router.options.reservation)),
+            )
+            .await?;
         let tenant = inner.id.key().to_owned();
         let epoch = inner.epoch;
         router.emit(match (released, event) {

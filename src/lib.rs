@@ -31,6 +31,7 @@ mod ledger;
 mod liveness;
 mod migrate;
 mod options;
+mod release;
 mod router;
 
 pub use admin::{

@@ -22,6 +22,7 @@ use crate::liveness::{
 };
 use crate::options::RouterOptions;
 use crate::options::{validate_replica_id, HandoffPolicy};
+use crate::release::ReleaseQueue;
 
 /// Events buffered per subscriber before it starts missing them.
 const EVENT_BUFFER: usize = 1024;
@@ -60,6 +61,8 @@ pub(crate) struct Shared {
     notices: broadcast::Sender<Notice>,
     /// Tenants served or draining here.
     handles: Mutex<HashMap<String, Arc<HandleInner>>>,
+    /// Releases of this router's leases, batched.
+    pub(crate) releases: ReleaseQueue,
     /// Tenants being acquired, one gate per tenant so concurrent opens share one acquisition.
     opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     closed: AtomicBool,
@@ -231,6 +234,7 @@ impl Router {
         let (notices, _) = broadcast::channel(EVENT_BUFFER);
         let session = LeaseSession::open(&options, notices.clone()).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let releases = ReleaseQueue::start(pool.clone(), options.replica_id.clone());
         let shared = Arc::new(Shared {
             idle_timeout_ms: millis(options.ttl).to_string(),
             options,
@@ -239,6 +243,7 @@ impl Router {
             events,
             notices,
             handles: Mutex::new(HashMap::new()),
+            releases,
             opening: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
         });
