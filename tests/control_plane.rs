@@ -22,7 +22,13 @@ async fn setup_twice_creates_once_then_does_nothing() {
     assert_eq!(pgtenant::control_plane_version(&client).await.unwrap(), 0);
 
     let first = setup(&mut client).await.expect("first setup");
-    assert_eq!(first.applied, vec!["V1__control_plane".to_owned()]);
+    assert_eq!(
+        first.applied,
+        vec![
+            "V1__control_plane".to_owned(),
+            "V2__owner_index_with_key".to_owned()
+        ]
+    );
     assert_eq!(first.version, supported_version());
     let objects = count(&client, OBJECTS_IN_CONTROL_SCHEMA).await;
     assert!(objects > 5, "tables and views exist, found {objects}");
@@ -54,7 +60,7 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
         assert_eq!(report.version, supported_version());
         applied += report.applied.len();
     }
-    assert_eq!(applied, 1, "exactly one setup applies the migration");
+    assert_eq!(applied, 2, "exactly one setup applies the two migrations");
     assert_eq!(
         count(
             &client,
@@ -62,6 +68,46 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
         )
         .await,
         supported_version()
+    );
+}
+
+/// A database set up by the first release (control plane V1) is brought to the current version
+/// by the next `setup`, which applies only what is missing; until then routers refuse it.
+#[tokio::test]
+async fn a_control_plane_at_version_1_is_upgraded_in_place() {
+    let (db, mut client) = fresh().await;
+    setup(&mut client).await.expect("setup");
+    // Back to what V1 left: its owner index, and no record of V2.
+    client
+        .batch_execute(
+            "DROP INDEX pgtenant.tenants_owner;
+             CREATE INDEX tenants_owner ON pgtenant.tenants (owner, owner_incarnation) WHERE owner IS NOT NULL;
+             DELETE FROM pgtenant.refinery_schema_history WHERE version > 1",
+        )
+        .await
+        .unwrap();
+    assert_eq!(pgtenant::control_plane_version(&client).await.unwrap(), 1);
+    match pgtenant::Router::start(pgtenant::RouterOptions::from_url("early", db.url()).unwrap())
+        .await
+    {
+        Err(pgtenant::Error::ControlPlaneOutdated { .. }) => {}
+        Err(other) => panic!("expected ControlPlaneOutdated, got {other}"),
+        Ok(_) => panic!("a router started on an outdated control plane"),
+    }
+
+    let upgrade = setup(&mut client).await.expect("upgrade");
+    assert_eq!(upgrade.applied, vec!["V2__owner_index_with_key".to_owned()]);
+    let columns: String = client
+        .query_one(
+            "SELECT pg_get_indexdef('pgtenant.tenants_owner'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        columns.contains("(owner, owner_incarnation, key)"),
+        "{columns}"
     );
 }
 

@@ -519,3 +519,75 @@ async fn a_terminated_lease_session_loses_every_lease_and_the_replica_registers_
     assert_eq!(acked, 20, "every acknowledged write is present");
     router.close().await;
 }
+
+/// Releasing or forgetting one tenant reads one entry of the owner index, however many tenants
+/// the owner holds: the statements name the tenant by key *and* owner, and a planner that picks
+/// the owner index (stale statistics do that) must still go straight to the row. The primary
+/// key is dropped inside the (rolled back) transaction so no other plan can hide a scan.
+#[tokio::test]
+async fn release_and_forget_read_one_owner_index_entry_however_many_tenants_are_held() {
+    const HELD: i64 = 500;
+    let (db, mut client) = database().await;
+    let holder = router(db.url(), "many").await;
+    let incarnation = holder.incarnation().expect("registered");
+    client
+        .execute(
+            "INSERT INTO pgtenant.tenants (key, organization, ledger, epoch, owner, owner_incarnation)
+             SELECT 'acme/held-' || g, 'acme', 'held-' || g, 1, 'many', $1
+               FROM generate_series(1, $2::bigint) g",
+            &[&incarnation, &HELD],
+        )
+        .await
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute(
+        "ALTER TABLE pgtenant.tenants DROP CONSTRAINT tenants_pkey CASCADE;
+         SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off",
+    )
+    .await
+    .unwrap();
+    let entries_read = || async {
+        tx.query_one(
+            "SELECT pg_stat_get_xact_tuples_returned('pgtenant.tenants_owner'::regclass)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    let before = entries_read().await;
+    let released: bool = tx
+        .query_one(
+            "SELECT pgtenant.release('acme/held-250', 1, 'many', $1, 'released', NULL, NULL)",
+            &[&incarnation],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(released);
+    let by_release = entries_read().await - before;
+    assert!(
+        by_release <= 1,
+        "one release read {by_release} owner-index entries of {HELD} held tenants"
+    );
+    // forget raises (the row has no schema) after finding the row: keep the transaction.
+    tx.batch_execute("SAVEPOINT forget").await.unwrap();
+    let before = entries_read().await;
+    let refused = tx
+        .query_one(
+            "SELECT pgtenant.forget('acme/held-251', 1, 'many', $1)",
+            &[&incarnation],
+        )
+        .await;
+    assert_eq!(refused.unwrap_err().code().map(|c| c.code()), Some("PTF02"));
+    tx.batch_execute("ROLLBACK TO SAVEPOINT forget")
+        .await
+        .unwrap();
+    let by_forget = entries_read().await - before;
+    assert!(
+        by_forget <= 1,
+        "one forget read {by_forget} owner-index entries of {HELD} held tenants"
+    );
+    tx.rollback().await.unwrap();
+    holder.close().await;
+}

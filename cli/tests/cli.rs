@@ -36,7 +36,7 @@ async fn setup_twice_then_status() {
     let first = pgtenant(&["setup", "--database-url", url]);
     assert!(first.status.success(), "{}", text(&first));
     assert!(
-        text(&first).contains("applied V1__control_plane"),
+        text(&first).contains("applied V1__control_plane, V2__owner_index_with_key"),
         "{}",
         text(&first)
     );
@@ -63,7 +63,10 @@ async fn setup_twice_then_status() {
     let json = pgtenant(&["status", "--json", "--database-url", url]);
     let value: serde_json::Value = serde_json::from_slice(&json.stdout).expect("json");
     assert_eq!(value["tenants"][0]["tenant"], "acme/books");
-    assert_eq!(value["control_plane_version"], 1);
+    assert_eq!(
+        value["control_plane_version"],
+        pgtenant::supported_version()
+    );
 }
 
 #[test]
