@@ -84,7 +84,7 @@ async fn run(pool: Pool, replica: String, mut incoming: mpsc::UnboundedReceiver<
             }
             Err(error) => {
                 // Each release alone, so each caller gets its own outcome and error.
-                tracing::debug!(%error, size = batch.len(), "batched release failed; releasing one by one");
+                tracing::warn!(%error, size = batch.len(), "batched release failed; releasing one by one");
                 for request in batch.drain(..) {
                     let outcome = release_one(&pool, &replica, &request).await;
                     let _ = request.reply.send(outcome);

@@ -287,6 +287,51 @@ async fn close_releases_many_tenants_in_shared_transactions() {
     assert_eq!(free, TENANTS as i64, "every tenant is free after close");
 }
 
+/// Directed handoffs batch too, each keeping its own reservation.
+#[tokio::test]
+async fn concurrent_directed_handoffs_share_transactions_and_keep_their_reservations() {
+    const TENANTS: usize = 16;
+    let (db, client) = database().await;
+    let router = router_named(&db, "giver").await;
+    let ids: Vec<_> = (0..TENANTS).map(|i| tenant(&format!("gift-{i}"))).collect();
+    let handles: Vec<_> =
+        support::join_all(ids.iter().map(|id| router.open_or_create(id)).collect())
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    let handed = support::join_all(handles.iter().map(|h| h.handoff_to("heir")).collect()).await;
+    assert!(handed.iter().all(Result::is_ok), "{handed:?}");
+    let row = client
+        .query_one(
+            "SELECT count(*), count(DISTINCT xmin::text) FROM pgtenant.history
+              WHERE replica_id = 'giver' AND event = 'handed_off' AND detail = 'reserved for heir'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (journaled, transactions): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(journaled, TENANTS as i64);
+    assert!(
+        transactions < TENANTS as i64,
+        "{TENANTS} handoffs took {transactions} transactions: none was batched"
+    );
+    let reserved: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.lease_status
+              WHERE tenant LIKE 'acme/gift-%' AND state = 'reserved' AND reserved_for = 'heir'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        reserved, TENANTS as i64,
+        "every tenant is reserved for its heir"
+    );
+    router.close().await;
+}
+
 /// A release that fails inside a batch fails alone: the batch is retried one by one, so the
 /// other tenants are still handed off and the failure is reported for its tenant.
 #[tokio::test]
