@@ -8,7 +8,7 @@ use std::task::Poll;
 
 use tokio::sync::Notify;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{CancelToken, NoTls, Transaction};
+use tokio_postgres::{CancelToken, Transaction};
 
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 use crate::event::Event;
@@ -559,7 +559,7 @@ impl TenantHandle {
                     let tokens: Vec<CancelToken> =
                         lock_cancels(inner).iter().map(|(_, t)| t.clone()).collect();
                     for token in tokens {
-                        let _ = token.cancel_query(NoTls).await;
+                        let _ = inner.router.options.connector.cancel(token).await;
                     }
                     if tokio::time::timeout(CANCEL_REPEAT, self.wait_idle())
                         .await

@@ -22,6 +22,7 @@
 #![warn(rustdoc::broken_intra_doc_links)]
 
 mod admin;
+mod connect;
 mod control_plane;
 mod error;
 mod event;

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, Client, GenericClient, NoTls};
+use tokio_postgres::{AsyncMessage, Client, GenericClient};
 
+use crate::connect::Connector;
 use crate::control_plane::LOCK_NAMESPACE;
 use crate::error::{Error, Result};
 use crate::options::RouterOptions;
@@ -126,14 +127,15 @@ impl LeaseSession {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
-        let (client, mut connection) = config
-            .connect(NoTls)
+        let (client, mut messages) = options
+            .connector
+            .connect(config.clone())
             .await
             .map_err(Error::db("open the lease session"))?;
         let (tx, ended) = oneshot::channel();
         tokio::spawn(async move {
             loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                match std::future::poll_fn(|cx| messages(cx)).await {
                     Some(Ok(AsyncMessage::Notification(note))) => {
                         let _ = notices.send(Notice {
                             channel: note.channel().to_owned(),
@@ -165,7 +167,7 @@ impl LeaseSession {
 
         // Before the control plane is read: behind a transaction pooler the check below could
         // fail on a prepared statement the pooler lost, hiding the real cause.
-        probe_for_pooler(&client, &config).await?;
+        probe_for_pooler(&client, &config, &options.connector).await?;
         crate::control_plane::ensure_current(&client).await?;
         let lock_key: i32 = client
             .query_one(
@@ -244,7 +246,11 @@ impl LeaseSession {
 /// asynchronously), which hides the lease session's backend from the probe once; in the next
 /// round the lease session itself lands on that other server. Each round shows the pooling with
 /// every idle-list order (LIFO or round robin) unless other clients race for the same pool.
-async fn probe_for_pooler(lease: &Client, config: &tokio_postgres::Config) -> Result<()> {
+async fn probe_for_pooler(
+    lease: &Client,
+    config: &tokio_postgres::Config,
+    connector: &Connector,
+) -> Result<()> {
     const ROUNDS: usize = 3;
     let context = "probe the lease session for a pooler";
     // Unnamed statements: a named one could be prepared on one server and executed on another.
@@ -262,8 +268,11 @@ async fn probe_for_pooler(lease: &Client, config: &tokio_postgres::Config) -> Re
         ))
     };
     let lease_pid = backend_of(lease).await?;
-    let (mut probe, connection) = config.connect(NoTls).await.map_err(Error::db(context))?;
-    let driver = tokio::spawn(connection);
+    let (mut probe, messages) = connector
+        .connect(config.clone())
+        .await
+        .map_err(Error::db(context))?;
+    let driver = tokio::spawn(crate::connect::drive(messages));
     let mut verdict = Ok(());
     for _ in 0..ROUNDS {
         let moved = |pid: i32| {

@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::Socket;
+
+use crate::connect::Connector;
 use crate::error::{Error, Result};
 
 /// How a [`Router`](crate::Router) runs. Build with [`RouterOptions::new`] and the setters;
@@ -34,6 +38,7 @@ pub struct RouterOptions {
     pub(crate) handoff_policy: HandoffPolicy,
     pub(crate) migrations: std::sync::Arc<Vec<refinery::Migration>>,
     pub(crate) statement_cache: bool,
+    pub(crate) connector: Connector,
 }
 
 /// What the owner does when another replica asks for one of its tenants with
@@ -56,6 +61,7 @@ impl std::fmt::Debug for RouterOptions {
             .field("ttl", &self.ttl)
             .field("margin", &self.effective_margin())
             .field("heartbeat_period", &self.effective_heartbeat_period())
+            .field("tls", &self.connector)
             .finish_non_exhaustive()
     }
 }
@@ -111,6 +117,7 @@ impl RouterOptions {
             handoff_policy: HandoffPolicy::Accept,
             migrations: std::sync::Arc::new(Vec::new()),
             statement_cache: true,
+            connector: Connector::default(),
         }
     }
 
@@ -247,6 +254,29 @@ impl RouterOptions {
     /// before 1.21): the fence is then sent unnamed, parsed with each transaction.
     pub fn statement_cache(mut self, enabled: bool) -> Self {
         self.statement_cache = enabled;
+        self
+    }
+
+    /// Connects with TLS: the lease session, the pooler probe, the default data-path pool and
+    /// cancel requests all use `tls` (default: no TLS, as `tokio_postgres::NoTls`). Any
+    /// tokio-postgres connector fits, e.g. `tokio_postgres_rustls::MakeRustlsConnect` or
+    /// `postgres_native_tls::MakeTlsConnector`; set `sslmode` in the config as usual. A pool
+    /// given with [`RouterOptions::pool`] keeps its own TLS setting.
+    ///
+    /// ```
+    /// # fn main() -> pgtenant::Result<()> {
+    /// let options = pgtenant::RouterOptions::from_url("replica-1", "postgres://app@db/app?sslmode=require")?
+    ///     .tls(tokio_postgres::NoTls); // your connector here
+    /// # Ok(()) }
+    /// ```
+    pub fn tls<T>(mut self, tls: T) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        self.connector = Connector::new(tls);
         self
     }
 

@@ -6,11 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
-use tokio_postgres::NoTls;
 use tracing::{info, instrument, warn, Instrument};
 
 use crate::error::{Error, Result};
@@ -1095,9 +1094,8 @@ impl Drop for Router {
 }
 
 fn build_pool(options: &RouterOptions) -> Result<Pool> {
-    let manager = Manager::from_config(
+    let manager = options.connector.manager(
         options.config.clone(),
-        NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

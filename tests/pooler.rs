@@ -28,7 +28,7 @@ impl Bouncer {
             std::path::Path::new(PGBOUNCER).exists(),
             "this test needs PgBouncer: apt-get install pgbouncer (.ci/run installs it)"
         );
-        let (uid, gid) = postgres_user();
+        let (uid, gid) = support::postgres_user();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
@@ -108,22 +108,6 @@ impl Drop for Bouncer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn postgres_user() -> (u32, u32) {
-    let passwd = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
-    passwd
-        .lines()
-        .find_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            (fields.first() == Some(&"postgres")).then(|| {
-                (
-                    fields[2].parse().expect("uid"),
-                    fields[3].parse().expect("gid"),
-                )
-            })
-        })
-        .expect("a postgres user")
 }
 
 /// Refused whatever the pooler's idle list holds and whatever order it hands servers out in:

@@ -332,3 +332,21 @@ pub async fn hold_work(
     started.await.expect("work started");
     (release, task)
 }
+
+/// The uid and gid of the `postgres` user, which runs the test kit's servers and PgBouncer
+/// (they refuse to run as root), from /etc/passwd.
+pub fn postgres_user() -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.first() == Some(&"postgres")).then(|| {
+                (
+                    fields[2].parse().expect("uid"),
+                    fields[3].parse().expect("gid"),
+                )
+            })
+        })
+        .expect("a postgres user")
+}
