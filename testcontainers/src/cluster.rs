@@ -480,6 +480,83 @@ fn free_port() -> Result<u16, TestkitError> {
         .map_err(|e| TestkitError::io("finding a free port on 127.0.0.1", e))
 }
 
+/// A CA (`ca.pem`) and a server certificate for 127.0.0.1 signed by it
+/// (`server.pem`, `server.key`) in `dir`, made with the openssl command; the key is owned by
+/// the server's user, as PostgreSQL requires.
+async fn make_certificates(dir: &Path, owner: Option<(u32, u32)>) -> Result<(), TestkitError> {
+    async fn openssl(dir: &Path, args: Vec<&str>) -> Result<(), TestkitError> {
+        let out = tokio::process::Command::new("openssl")
+            .args(&args)
+            .current_dir(dir)
+            .output()
+            .await
+            .map_err(|e| TestkitError::io("running openssl (apt-get install openssl)", e))?;
+        if !out.status.success() {
+            return Err(TestkitError::Cluster(format!(
+                "openssl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    }
+    let new_key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=pgtenant-testkit CA",
+    ];
+    ca.extend(new_key);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
+    openssl(dir, ca).await?;
+    let mut request = vec!["req", "-subj", "/CN=127.0.0.1"];
+    request.extend(new_key);
+    request.extend(["-keyout", "server.key", "-out", "server.csr"]);
+    openssl(dir, request).await?;
+    fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")
+        .map_err(|e| TestkitError::io("writing san.ext", e))?;
+    openssl(
+        dir,
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
+    )
+    .await?;
+    let protect = || -> std::io::Result<()> {
+        fs::set_permissions(dir.join("server.key"), fs::Permissions::from_mode(0o600))?;
+        if let Some((uid, gid)) = owner {
+            for file in ["server.key", "server.pem", "ca.pem"] {
+                std::os::unix::fs::chown(dir.join(file), Some(uid), Some(gid))?;
+            }
+        }
+        Ok(())
+    };
+    protect().map_err(|e| TestkitError::io("handing the certificates to the server's user", e))
+}
+
 fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let parent = std::env::temp_dir();
@@ -705,6 +782,8 @@ fn has_server(dir: &Path) -> bool {
 /// up when it sees the process gone.
 pub struct LocalCluster {
     inner: Arc<Cluster>,
+    /// The CA certificate (PEM) of a cluster started with [`LocalCluster::start_tls`].
+    tls_root: Option<PathBuf>,
 }
 
 impl LocalCluster {
@@ -729,7 +808,77 @@ impl LocalCluster {
             .collect();
         Ok(LocalCluster {
             inner: Arc::new(Cluster::start_with(Durability::Durable, settings).await?),
+            tls_root: None,
         })
+    }
+
+    /// Like [`LocalCluster::start`], serving TLS with a certificate for `127.0.0.1` signed by a
+    /// throwaway CA ([`tls_root_certificate`](Self::tls_root_certificate)), and refusing
+    /// unencrypted connections to every database but `postgres` (the test kit's own admin
+    /// connection). For testing an application's TLS settings against a server that requires
+    /// TLS. Needs the `openssl` command.
+    pub async fn start_tls() -> Result<LocalCluster, TestkitError> {
+        let mut cluster = LocalCluster::start().await?;
+        let dir = cluster.inner.dir.clone();
+        let run_as = cluster
+            .inner
+            .run_as
+            .as_ref()
+            .map(|user| (user.uid, user.gid));
+        make_certificates(&dir, run_as).await?;
+        fs::write(
+            cluster.inner.data.join("pg_hba.conf"),
+            "local all all trust\n\
+             hostnossl postgres all 127.0.0.1/32 trust\n\
+             hostssl all all 127.0.0.1/32 trust\n",
+        )
+        .map_err(|e| TestkitError::io("writing pg_hba.conf", e))?;
+        let admin = crate::database::connect_admin(&cluster.inner.admin_config()).await?;
+        // ssl and pg_hba.conf take effect on reload: no restart, the port stays.
+        // One statement each: ALTER SYSTEM refuses to run inside a transaction block.
+        for statement in [
+            format!(
+                "ALTER SYSTEM SET ssl_cert_file = '{}'",
+                dir.join("server.pem").display()
+            ),
+            format!(
+                "ALTER SYSTEM SET ssl_key_file = '{}'",
+                dir.join("server.key").display()
+            ),
+            "ALTER SYSTEM SET ssl = on".to_owned(),
+            "SELECT pg_reload_conf()".to_owned(),
+        ] {
+            admin
+                .batch_execute(&statement)
+                .await
+                .map_err(|e| TestkitError::pg("turning TLS on", e))?;
+        }
+        // The reload is asynchronous: wait until the server reports it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let on: String = admin
+                .query_one("SHOW ssl", &[])
+                .await
+                .map_err(|e| TestkitError::pg("reading ssl", e))?
+                .get(0);
+            if on == "on" {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(TestkitError::Cluster(
+                    "the server did not turn TLS on within 10 s; see postgres.log".to_owned(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await; // no event for a reload
+        }
+        cluster.tls_root = Some(dir.join("ca.pem"));
+        Ok(cluster)
+    }
+
+    /// The CA certificate (PEM) that signed the server's certificate, for a cluster started
+    /// with [`LocalCluster::start_tls`].
+    pub fn tls_root_certificate(&self) -> Option<&Path> {
+        self.tls_root.as_deref()
     }
 
     /// The TCP port on 127.0.0.1.

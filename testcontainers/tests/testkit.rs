@@ -252,6 +252,43 @@ async fn local_cluster_survives_restart_and_cleans_up_on_drop() {
     );
 }
 
+/// A TLS cluster: its test databases refuse unencrypted connections (the library's
+/// tests/tls.rs connects to them with rustls), the admin database still takes them, and the
+/// CA that signed the server's certificate is handed out.
+#[tokio::test]
+async fn a_tls_cluster_refuses_unencrypted_connections_to_its_databases() {
+    let cluster = LocalCluster::start_tls().await.expect("a TLS cluster");
+    let ca = cluster.tls_root_certificate().expect("its CA").to_owned();
+    assert!(
+        std::fs::read_to_string(&ca)
+            .expect("the CA file")
+            .starts_with("-----BEGIN CERTIFICATE-----"),
+        "{} is a PEM certificate",
+        ca.display()
+    );
+    let (admin, connection) = tokio_postgres::connect(&cluster.url("postgres"), NoTls)
+        .await
+        .expect("the admin database takes unencrypted connections");
+    tokio::spawn(connection);
+    let ssl: String = admin.query_one("SHOW ssl", &[]).await.unwrap().get(0);
+    assert_eq!(ssl, "on");
+    let db = cluster.create_database().await.expect("database");
+    let refused = tokio_postgres::connect(db.url(), NoTls)
+        .await
+        .err()
+        .expect("an unencrypted connection to a test database is refused");
+    let message = refused
+        .as_db_error()
+        .map(|db| db.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains("no encryption"), "{refused:?}");
+    assert!(LocalCluster::start()
+        .await
+        .unwrap()
+        .tls_root_certificate()
+        .is_none());
+}
+
 #[tokio::test]
 async fn a_database_keeps_its_cluster_alive() {
     let cluster = LocalCluster::start().await.expect("start a cluster");
