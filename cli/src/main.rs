@@ -2,7 +2,10 @@
 
 use std::process::ExitCode;
 
+use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+mod tls;
 
 const USAGE: &str = "\
 pgtenant: many replicas share many tenants through one PostgreSQL
@@ -180,15 +183,37 @@ async fn with_database(
 }
 
 async fn connect(url: &str) -> Result<Client, String> {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(|error| format!("cannot connect to the database: {}", describe(&error)))?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            eprintln!("database connection ended: {}", describe(&error));
-        }
-    });
-    Ok(client)
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|error| format!("bad database URL: {}", describe(&error)))?;
+    let failed = |error: tokio_postgres::Error| {
+        format!("cannot connect to the database: {}", describe(&error))
+    };
+    let ended = |error: tokio_postgres::Error| {
+        eprintln!("database connection ended: {}", describe(&error));
+    };
+    if config.get_ssl_mode() == SslMode::Disable {
+        let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
+        tokio::spawn(async move { connection.await.map_err(ended) });
+        Ok(client)
+    } else {
+        let (client, connection) = config.connect(tls::connector()?).await.map_err(failed)?;
+        tokio::spawn(async move { connection.await.map_err(ended) });
+        Ok(client)
+    }
+}
+
+/// Router options for `url`, with TLS as [`connect`] makes it.
+fn router_options(replica: String, url: &str) -> Result<pgtenant::RouterOptions, String> {
+    let options = pgtenant::RouterOptions::from_url(replica, url).map_err(|e| e.to_string())?;
+    let plain = url
+        .parse::<tokio_postgres::Config>()
+        .is_ok_and(|config| config.get_ssl_mode() == SslMode::Disable);
+    Ok(if plain {
+        options
+    } else {
+        options.tls(tls::connector()?)
+    })
 }
 
 /// tokio-postgres' Display leaves out the server's message and the I/O cause.
@@ -467,9 +492,7 @@ async fn cmd_migrate(args: &Args) -> Result<(), String> {
         .database_url
         .as_deref()
         .ok_or("no database: pass --database-url URL or set DATABASE_URL")?;
-    let options = pgtenant::RouterOptions::from_url(replica, url)
-        .map_err(|e| e.to_string())?
-        .migrations(refinery::Runner::new(&migrations));
+    let options = router_options(replica, url)?.migrations(refinery::Runner::new(&migrations));
     let router = pgtenant::Router::start(options)
         .await
         .map_err(|e| e.to_string())?;
@@ -603,9 +626,12 @@ async fn demo(url: &str) -> pgtenant::Result<()> {
     let report = pgtenant::setup(&mut client).await?;
     say(&format!("control plane ready (version {})", report.version));
     let options = |replica: &str| -> pgtenant::Result<RouterOptions> {
-        Ok(RouterOptions::from_url(replica, url)?
-            .ttl(Duration::from_secs(3))
-            .pool_size(4))
+        let options =
+            router_options(replica.to_owned(), url).map_err(|reason| Error::InvalidOption {
+                option: "database_url",
+                reason,
+            })?;
+        Ok(options.ttl(Duration::from_secs(3)).pool_size(4))
     };
     let a = Router::start(options("replica-a")?).await?;
     let b = Router::start(options("replica-b")?).await?;

@@ -2,14 +2,23 @@
 
 use std::process::{Command, Output};
 
-use pgtenant_testkit::TestDatabase;
+use pgtenant_testkit::{LocalCluster, TestDatabase};
 
 fn pgtenant(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pgtenant"))
+    pgtenant_with_root_cert(args, None)
+}
+
+/// With `PGSSLROOTCERT` set to `root` (or unset).
+fn pgtenant_with_root_cert(args: &[&str], root: Option<&std::path::Path>) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_pgtenant"));
+    command
         .args(args)
         .env_remove("DATABASE_URL")
-        .output()
-        .expect("run pgtenant")
+        .env_remove("PGSSLROOTCERT");
+    if let Some(root) = root {
+        command.env("PGSSLROOTCERT", root);
+    }
+    command.output().expect("run pgtenant")
 }
 
 fn text(output: &Output) -> String {
@@ -223,4 +232,50 @@ async fn tenants_show_trash_sweep_migrate_and_clear() {
     let clear = text(&pgtenant(&["clear", "acme/books", "--database-url", url]));
     assert!(clear.contains("was not quarantined"), "{clear}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// TLS as psql does it, against a server that refuses unencrypted connections:
+/// `sslmode=require` encrypts; with `PGSSLROOTCERT` the server's certificate must chain to
+/// that CA; `sslmode=disable` is refused by the server, and the command says why.
+#[tokio::test]
+async fn tls_follows_sslmode_and_pgsslrootcert() {
+    let cluster = LocalCluster::start_tls().await.expect("a TLS cluster");
+    let db = cluster.create_database().await.expect("database");
+    let ca = cluster.tls_root_certificate().expect("its CA").to_owned();
+    let url = |mode: &str| format!("{}?sslmode={mode}", db.url());
+
+    let encrypted = pgtenant(&["setup", "--database-url", &url("require")]);
+    assert!(encrypted.status.success(), "{}", text(&encrypted));
+    let verified =
+        pgtenant_with_root_cert(&["status", "--database-url", &url("require")], Some(&ca));
+    assert!(verified.status.success(), "{}", text(&verified));
+    let by_default = pgtenant(&["status", "--database-url", db.url()]);
+    assert!(
+        by_default.status.success(),
+        "prefer encrypts: {}",
+        text(&by_default)
+    );
+
+    let plain = pgtenant(&["status", "--database-url", &url("disable")]);
+    assert!(!plain.status.success());
+    assert!(text(&plain).contains("no encryption"), "{}", text(&plain));
+
+    // Another CA's certificate authenticates nothing here.
+    let other = LocalCluster::start_tls()
+        .await
+        .expect("a second TLS cluster");
+    let stranger = other.tls_root_certificate().expect("its CA");
+    let refused = pgtenant_with_root_cert(
+        &["status", "--database-url", &url("require")],
+        Some(stranger),
+    );
+    assert!(
+        !refused.status.success(),
+        "a certificate of another CA was accepted"
+    );
+    assert!(
+        text(&refused).to_lowercase().contains("certificate"),
+        "{}",
+        text(&refused)
+    );
 }
