@@ -265,7 +265,15 @@ async fn cmd_status(client: &mut Client, json: bool) -> Result<(), String> {
         println!("{text}");
         return Ok(());
     }
-    println!("control plane version {version}\n");
+    let supported = pgtenant::supported_version();
+    if version < supported {
+        println!(
+            "control plane version {version}: this pgtenant needs {supported}, and routers refuse \
+             to start until `pgtenant setup` upgrades it\n"
+        );
+    } else {
+        println!("control plane version {version}\n");
+    }
     println!("replicas (pgtenant.replica_status):");
     print_table(client, replicas).await?;
     println!("\ntenants (pgtenant.lease_status):");

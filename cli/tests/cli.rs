@@ -279,3 +279,35 @@ async fn tls_follows_sslmode_and_pgsslrootcert() {
         text(&refused)
     );
 }
+
+/// A database whose control plane is behind this pgtenant: `status` says so and what to run,
+/// and `setup` upgrades it.
+#[tokio::test]
+async fn status_points_an_outdated_control_plane_to_setup() {
+    let db = TestDatabase::create().await.expect("test database");
+    let url = db.url();
+    assert!(pgtenant(&["setup", "--database-url", url]).status.success());
+    let client = db.connect().await.expect("connect");
+    client
+        .batch_execute(
+            "DROP INDEX pgtenant.tenants_owner;
+             CREATE INDEX tenants_owner ON pgtenant.tenants (owner, owner_incarnation) WHERE owner IS NOT NULL;
+             DELETE FROM pgtenant.refinery_schema_history WHERE version > 1",
+        )
+        .await
+        .expect("back to version 1");
+    let status = pgtenant(&["status", "--database-url", url]);
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(
+        text(&status).contains("control plane version 1: this pgtenant needs 2")
+            && text(&status).contains("pgtenant setup"),
+        "{}",
+        text(&status)
+    );
+    let upgrade = pgtenant(&["setup", "--database-url", url]);
+    assert!(
+        text(&upgrade).contains("applied V2__owner_index_with_key"),
+        "{}",
+        text(&upgrade)
+    );
+}
