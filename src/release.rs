@@ -74,6 +74,13 @@ impl ReleaseQueue {
 async fn run(pool: Pool, replica: String, mut incoming: mpsc::UnboundedReceiver<Request>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while incoming.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        if batch.len() == 1 {
+            for request in batch.drain(..) {
+                let outcome = release_one(&pool, &replica, &request).await;
+                let _ = request.reply.send(outcome);
+            }
+            continue;
+        }
         // One order for every batch, so two transactions never lock tenant rows crosswise.
         batch.sort_by(|a, b| a.id.key().cmp(b.id.key()));
         match release_batch(&pool, &replica, &batch).await {
@@ -95,9 +102,6 @@ async fn run(pool: Pool, replica: String, mut incoming: mpsc::UnboundedReceiver<
 }
 
 async fn release_batch(pool: &Pool, replica: &str, batch: &[Request]) -> Result<Vec<bool>> {
-    if let [request] = batch {
-        return release_one(pool, replica, request).await.map(|r| vec![r]);
-    }
     let client = pool.get().await.map_err(pool_error("release leases"))?;
     let keys: Vec<&str> = batch.iter().map(|r| r.id.key()).collect();
     let epochs: Vec<i64> = batch.iter().map(|r| r.epoch).collect();
