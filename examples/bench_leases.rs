@@ -16,7 +16,10 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{cpu_seconds, median, median_d, ms, percentile_d};
+use common::{
+    cpu_model, cpu_seconds, fresh_database, median, median_d, ms, percentile_d, server_info,
+    ServerInfo,
+};
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -26,7 +29,6 @@ use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod,
 use pgtenant::tokio_postgres::types::Type;
 use pgtenant::tokio_postgres::NoTls;
 use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
-use pgtenant_testkit::TestDatabase;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinSet;
 
@@ -119,37 +121,9 @@ async fn main() {
     }
     let started = Instant::now();
 
-    let db = TestDatabase::create().await.expect("test database");
+    let (db, admin) = fresh_database().await;
     let url = db.url().to_owned();
-    assert!(
-        url.contains("@127.0.0.1:") || url.contains("@127.0.0.1/"),
-        "this benchmark only connects to 127.0.0.1, got {url}"
-    );
-    let mut admin = db.connect().await.expect("connect");
-    pgtenant::setup(&mut admin).await.expect("pgtenant::setup");
-    let pg_version: String = admin
-        .query_one("SELECT version()", &[])
-        .await
-        .expect("version")
-        .get(0);
-    let settings: String = admin
-        .query_one(
-            "SELECT format('max_connections=%s, shared_buffers=%s, synchronous_commit=%s, fsync=%s',
-                    current_setting('max_connections'), current_setting('shared_buffers'),
-                    current_setting('synchronous_commit'), current_setting('fsync'))",
-            &[],
-        )
-        .await
-        .expect("settings")
-        .get(0);
-    let date: String = admin
-        .query_one(
-            "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI \"UTC\"')",
-            &[],
-        )
-        .await
-        .expect("date")
-        .get(0);
+    let server = server_info(&admin).await;
     admin
         .batch_execute("CREATE SCHEMA baseline")
         .await
@@ -163,11 +137,7 @@ async fn main() {
     let (heartbeat, interleaved) = bench_heartbeat(&url, &admin).await;
 
     let wall = started.elapsed();
-    let info = RunInfo {
-        date,
-        pg_version,
-        settings,
-    };
+    let info = RunInfo { server };
     let report = render(
         &info,
         &throughput,
@@ -840,9 +810,7 @@ fn list(values: &[f64]) -> String {
 
 /// Where and when the run happened.
 struct RunInfo {
-    date: String,
-    pg_version: String,
-    settings: String,
+    server: ServerInfo,
 }
 
 fn render(
@@ -854,15 +822,7 @@ fn render(
     wall: Duration,
 ) -> String {
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
+    let cpu = cpu_model().unwrap_or_else(|| "unknown".to_owned());
     let mut out = String::new();
     let w = &mut out;
     let _ = writeln!(w, "# pgtenant benchmarks\n");
@@ -872,13 +832,13 @@ fn render(
          source: examples/bench_leases.rs).\n"
     );
     let _ = writeln!(w, "- Command: `{COMMAND}`");
-    let _ = writeln!(w, "- Date: {}", info.date);
+    let _ = writeln!(w, "- Date: {}", info.server.date);
     let _ = writeln!(
         w,
         "- Machine: nproc = {nproc} ({cpu}); shared and noisy, the benchmark and PostgreSQL share the cores"
     );
-    let _ = writeln!(w, "- PostgreSQL: {}", info.pg_version);
-    let _ = writeln!(w, "- Server settings: {}", info.settings);
+    let _ = writeln!(w, "- PostgreSQL: {}", info.server.pg_version);
+    let _ = writeln!(w, "- Server settings: {}", info.server.settings);
     let _ = writeln!(
         w,
         "- Wall time of the whole run: {:.1} s\n",

@@ -18,15 +18,16 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{median_d, mib, ms};
+use common::{
+    cpu_model, fresh_database, handoff_once, median_d, mib, ms, server_info, ServerInfo, PARK_SLEEP,
+};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgtenant::tokio_postgres::Client;
 use pgtenant::{ActiveWork, MigrationOutcome, Router, RouterOptions, TenantHandle, TenantId};
-use pgtenant_testkit::TestDatabase;
 use tokio::task::JoinSet;
 
 const COMMAND: &str = "cargo run --release --example bench_ledgers";
@@ -46,8 +47,6 @@ const FORGETS: usize = 30;
 const HANDOFFS: usize = 50;
 const HANDOFF_WARMUP: usize = 4;
 const TTL: Duration = Duration::from_secs(10);
-const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
-const PARK_SLEEP: Duration = Duration::from_millis(20);
 const LEDGER_POOL: usize = 4;
 const FORGET_P99_TARGET: Duration = Duration::from_millis(50);
 const HANDOFF_P99_TARGET: Duration = Duration::from_millis(20);
@@ -134,64 +133,25 @@ async fn main() {
     );
 }
 
-/// A fresh database on 127.0.0.1 with the control plane set up, and an admin connection.
-async fn fresh_database() -> (TestDatabase, Client) {
-    let db = TestDatabase::create().await.expect("test database");
-    let url = db.url();
-    assert!(
-        url.contains("@127.0.0.1:") || url.contains("@127.0.0.1/"),
-        "this benchmark only connects to 127.0.0.1, got {url}"
-    );
-    let mut admin = db.connect().await.expect("connect");
-    pgtenant::setup(&mut admin).await.expect("pgtenant::setup");
-    (db, admin)
-}
-
 struct RunInfo {
     disk: Vec<(String, u64, String)>,
     big_target: i64,
     activity: Vec<PartActivity>,
     wall: Duration,
-    date: String,
-    pg_version: String,
-    settings: String,
+    server: ServerInfo,
     nproc: usize,
     cpu: String,
 }
 
 async fn run_info(admin: &Client) -> RunInfo {
-    let one = |sql: &'static str| async move {
-        admin
-            .query_one(sql, &[])
-            .await
-            .expect("run info")
-            .get::<_, String>(0)
-    };
-    let date = one("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI \"UTC\"')").await;
-    let pg_version = one("SELECT version()").await;
-    let settings = one(
-        "SELECT format('max_connections=%s, shared_buffers=%s, max_wal_size=%s, synchronous_commit=%s, fsync=%s',
-                current_setting('max_connections'), current_setting('shared_buffers'),
-                current_setting('max_wal_size'), current_setting('synchronous_commit'),
-                current_setting('fsync'))",
-    )
-    .await;
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find_map(|l| l.strip_prefix("model name"))
-                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let server = server_info(admin).await;
+    let cpu = cpu_model().unwrap_or_else(|| "unknown CPU".to_owned());
     RunInfo {
         disk: Vec::new(),
         big_target: BIG_TARGET,
         activity: Vec::new(),
         wall: Duration::ZERO,
-        date,
-        pg_version,
-        settings,
+        server,
         nproc: std::thread::available_parallelism().map_or(0, |n| n.get()),
         cpu,
     }
@@ -518,49 +478,6 @@ async fn bench_ledgers(url: &str, admin: &Client, big_target: i64) -> Part1 {
     b.close().await;
     Part1 {
         ledgers: ledgers.into(),
-    }
-}
-
-struct HandoffSample {
-    new_handle: TenantHandle,
-    to_handle: Duration,
-    handoff_call: Duration,
-}
-
-/// One handoff: the waiter parks in `wait_for`, then the holder hands off; the time runs from
-/// the start of `handoff()` to `wait_for` returning the new handle.
-async fn handoff_once(waiter: &Arc<Router>, id: &TenantId, holder: &TenantHandle) -> HandoffSample {
-    let entered = Arc::new(AtomicBool::new(false));
-    let task = {
-        let (waiter, id, entered) = (waiter.clone(), id.clone(), entered.clone());
-        tokio::spawn(async move {
-            entered.store(true, Ordering::Release);
-            let result = waiter.wait_for(&id, WAIT_TIMEOUT).await;
-            (result, Instant::now())
-        })
-    };
-    tokio::time::sleep(PARK_SLEEP).await;
-    // Parked: the task entered wait_for, its first open attempt is over (it got LeaseHeld: the
-    // tenant is held) and it has not returned.
-    let park_deadline = Instant::now() + Duration::from_secs(5);
-    while !(entered.load(Ordering::Acquire) && waiter.summary().opening == 0) {
-        assert!(Instant::now() < park_deadline, "the waiter never parked");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert!(
-        !task.is_finished(),
-        "wait_for returned before the handoff (the tenant was not held?)"
-    );
-    let began = Instant::now();
-    holder.handoff().await.expect("handoff");
-    let handoff_call = began.elapsed();
-    let (result, returned) = task.await.expect("waiter task");
-    let new_handle = result.expect("wait_for");
-    assert!(new_handle.epoch() > holder.epoch(), "epoch did not advance");
-    HandoffSample {
-        new_handle,
-        to_handle: returned.saturating_duration_since(began),
-        handoff_call,
     }
 }
 
@@ -916,14 +833,14 @@ fn render(info: &RunInfo, part1: &Part1, part2: &[ColdRow], part3: &Part3) -> St
         "Reproduce with `{COMMAND}` (needs PostgreSQL on 127.0.0.1:5432, trust auth; source: examples/bench_ledgers.rs). Each part runs on its own fresh database, dropped at the end of the part.\n"
     );
     let _ = writeln!(w, "- Command: `{COMMAND}`");
-    let _ = writeln!(w, "- Date: {}", info.date);
+    let _ = writeln!(w, "- Date: {}", info.server.date);
     let _ = writeln!(
         w,
         "- Machine: nproc = {} ({}); shared and noisy, the benchmark and PostgreSQL share the cores",
         info.nproc, info.cpu
     );
-    let _ = writeln!(w, "- PostgreSQL: {}", info.pg_version);
-    let _ = writeln!(w, "- Server settings: {}", info.settings);
+    let _ = writeln!(w, "- PostgreSQL: {}", info.server.pg_version);
+    let _ = writeln!(w, "- Server settings: {}", info.server.settings);
     for (path, bytes, human) in disk {
         let _ = writeln!(
             w,

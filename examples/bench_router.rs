@@ -17,15 +17,17 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{median, median_d, mib, ms, percentile_d};
+use common::{
+    cpu_model, fresh_database, handoff_once, median, median_d, mib, ms, percentile_d, server_info,
+    HandoffSample, ServerInfo, PARK_SLEEP, WAIT_TIMEOUT,
+};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
-use pgtenant_testkit::TestDatabase;
 use tokio::task::JoinSet;
 
 const COMMAND: &str = "cargo run --release --example bench_router";
@@ -35,8 +37,6 @@ const REPORT_PATH: &str = "/tmp/bench_router.md";
 const HANDOFFS: usize = 200;
 const HANDOFF_WARMUP: usize = 10;
 const HANDOFF_TTL: Duration = Duration::from_secs(10);
-const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
-const PARK_SLEEP: Duration = Duration::from_millis(20);
 const HANDOFF_POOL: usize = 4;
 /// Ledgers: (ledger name, rows of 1 000 bytes). One row takes ~1.17 kB on disk (7 per page).
 const LEDGERS: [(&str, i64); 3] = [("empty", 0), ("one-mb", 900), ("hundred-mb", 90_000)];
@@ -134,37 +134,9 @@ fn allocations() -> u64 {
 #[tokio::main]
 async fn main() {
     let started = Instant::now();
-    let db = TestDatabase::create().await.expect("test database");
+    let (db, admin) = fresh_database().await;
     let url = db.url().to_owned();
-    assert!(
-        url.contains("@127.0.0.1:") || url.contains("@127.0.0.1/"),
-        "this benchmark only connects to 127.0.0.1, got {url}"
-    );
-    let mut admin = db.connect().await.expect("connect");
-    pgtenant::setup(&mut admin).await.expect("pgtenant::setup");
-    let pg_version: String = admin
-        .query_one("SELECT version()", &[])
-        .await
-        .expect("version")
-        .get(0);
-    let settings: String = admin
-        .query_one(
-            "SELECT format('max_connections=%s, shared_buffers=%s, synchronous_commit=%s, fsync=%s',
-                    current_setting('max_connections'), current_setting('shared_buffers'),
-                    current_setting('synchronous_commit'), current_setting('fsync'))",
-            &[],
-        )
-        .await
-        .expect("settings")
-        .get(0);
-    let date: String = admin
-        .query_one(
-            "SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI \"UTC\"')",
-            &[],
-        )
-        .await
-        .expect("date")
-        .get(0);
+    let server = server_info(&admin).await;
 
     let load_start = loadavg();
     let mut phases: Vec<(&'static str, Duration)> = Vec::new();
@@ -195,9 +167,7 @@ async fn main() {
 
     let wall = started.elapsed();
     let info = RunInfo {
-        date,
-        pg_version,
-        settings,
+        server,
         load: format!("{load_start} at the start, {} at the end", loadavg()),
         phases,
     };
@@ -301,13 +271,13 @@ async fn bench_handoff(url: &str, admin: &pgtenant::tokio_postgres::Client) -> V
             let j = (i + k) % ledgers.len();
             let (id, holder, handle) = &mut ledgers[j];
             let waiter = 1 - *holder;
-            let sample = handoff_once(&routers[waiter], id, handle).await;
+            let (sample, to_first_read) = handoff_then_read(&routers[waiter], id, handle).await;
             *holder = waiter;
             *handle = sample.new_handle;
             if i >= HANDOFF_WARMUP {
                 results[j].to_handle.push(sample.to_handle);
                 results[j].handoff_call.push(sample.handoff_call);
-                results[j].to_first_read.push(sample.to_first_read);
+                results[j].to_first_read.push(to_first_read);
             }
         }
         if (i + 1) % 50 == 0 {
@@ -331,48 +301,15 @@ async fn bench_handoff(url: &str, admin: &pgtenant::tokio_postgres::Client) -> V
     results
 }
 
-struct HandoffSample {
-    new_handle: TenantHandle,
-    to_handle: Duration,
-    handoff_call: Duration,
-    to_first_read: Duration,
-}
-
-/// One handoff: the waiter parks in `wait_for`, then the holder hands off.
-async fn handoff_once(
+/// A handoff, then the new owner's first fenced read.
+async fn handoff_then_read(
     waiter: &Arc<Router>,
     id: &TenantId,
-    holder_handle: &TenantHandle,
-) -> HandoffSample {
-    let entered = Arc::new(AtomicBool::new(false));
-    let task = {
-        let (waiter, id, entered) = (waiter.clone(), id.clone(), entered.clone());
-        tokio::spawn(async move {
-            entered.store(true, Ordering::Release);
-            let result = waiter.wait_for(&id, WAIT_TIMEOUT).await;
-            (result, Instant::now())
-        })
-    };
-    tokio::time::sleep(PARK_SLEEP).await;
-    // Parked: the task entered wait_for, its open attempt is over (no acquisition in flight:
-    // it got LeaseHeld, the tenant being held) and it has not returned.
-    let park_deadline = Instant::now() + Duration::from_secs(5);
-    while !(entered.load(Ordering::Acquire) && waiter.summary().opening == 0) {
-        assert!(Instant::now() < park_deadline, "the waiter never parked");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert!(
-        !task.is_finished(),
-        "wait_for returned while the tenant was still held"
-    );
-
-    let t0 = Instant::now();
-    holder_handle.handoff().await.expect("handoff");
-    let handoff_call = t0.elapsed();
-    let (result, got_at) = task.await.expect("waiter task");
-    let new_handle = result.expect("wait_for gets the tenant");
-    let to_handle = got_at.duration_since(t0);
-    new_handle
+    holder: &TenantHandle,
+) -> (HandoffSample, Duration) {
+    let sample = handoff_once(waiter, id, holder).await;
+    sample
+        .new_handle
         .read(|tx| {
             Box::pin(async move {
                 tx.query("SELECT length(payload) FROM ledger_data LIMIT 1", &[])
@@ -382,13 +319,8 @@ async fn handoff_once(
         })
         .await
         .expect("first fenced read");
-    let to_first_read = t0.elapsed();
-    HandoffSample {
-        new_handle,
-        to_handle,
-        handoff_call,
-        to_first_read,
-    }
+    let to_first_read = sample.began.elapsed();
+    (sample, to_first_read)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -670,9 +602,7 @@ async fn bench_memory(
 // ---------------------------------------------------------------------------------------
 
 struct RunInfo {
-    date: String,
-    pg_version: String,
-    settings: String,
+    server: ServerInfo,
     /// Load averages (1, 5, 15 min) at the start and the end.
     load: String,
     phases: Vec<(&'static str, Duration)>,
@@ -727,15 +657,7 @@ fn render(
     wall: Duration,
 ) -> String {
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
+    let cpu = cpu_model().unwrap_or_else(|| "unknown".to_owned());
     let mut out = String::new();
     let w = &mut out;
     let _ = writeln!(w, "# pgtenant router benchmarks\n");
@@ -743,14 +665,14 @@ fn render(
         w,
         "- Command: `{COMMAND}` (source: examples/bench_router.rs)"
     );
-    let _ = writeln!(w, "- Date: {}", info.date);
+    let _ = writeln!(w, "- Date: {}", info.server.date);
     let _ = writeln!(w, "- Source: {}", source_revision());
     let _ = writeln!(
         w,
         "- Machine: nproc = {nproc} ({cpu}); shared and noisy, the benchmark and PostgreSQL share the cores"
     );
-    let _ = writeln!(w, "- PostgreSQL: {}", info.pg_version);
-    let _ = writeln!(w, "- Server settings: {}", info.settings);
+    let _ = writeln!(w, "- PostgreSQL: {}", info.server.pg_version);
+    let _ = writeln!(w, "- Server settings: {}", info.server.settings);
     let _ = writeln!(
         w,
         "- Load average (1 / 5 / 15 min, {nproc} cores): {}",

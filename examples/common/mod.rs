@@ -3,6 +3,130 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use pgtenant::tokio_postgres::Client;
+use pgtenant::{Router, TenantHandle, TenantId};
+use pgtenant_testkit::TestDatabase;
+
+/// How long a parked waiter waits for a handoff.
+pub const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time given to a waiter's first open attempt before checking it is parked.
+pub const PARK_SLEEP: Duration = Duration::from_millis(20);
+
+/// One timed handoff.
+pub struct HandoffSample {
+    /// The waiter's handle, at a higher epoch.
+    pub new_handle: TenantHandle,
+    /// From calling `handoff()` to `wait_for` returning the new handle.
+    pub to_handle: Duration,
+    /// How long the holder's `handoff()` call took (drain, then the release).
+    pub handoff_call: Duration,
+    /// When `handoff()` was called.
+    pub began: Instant,
+}
+
+/// One handoff: the waiter parks in `wait_for`, then the holder hands off; the time runs from
+/// the start of `handoff()` to `wait_for` returning the new handle.
+pub async fn handoff_once(
+    waiter: &Arc<Router>,
+    id: &TenantId,
+    holder: &TenantHandle,
+) -> HandoffSample {
+    let entered = Arc::new(AtomicBool::new(false));
+    let task = {
+        let (waiter, id, entered) = (waiter.clone(), id.clone(), entered.clone());
+        tokio::spawn(async move {
+            entered.store(true, Ordering::Release);
+            let result = waiter.wait_for(&id, WAIT_TIMEOUT).await;
+            (result, Instant::now())
+        })
+    };
+    tokio::time::sleep(PARK_SLEEP).await;
+    // Parked: the task entered wait_for, its first open attempt is over (no acquisition in
+    // flight: it got LeaseHeld, the tenant being held) and it has not returned.
+    let park_deadline = Instant::now() + Duration::from_secs(5);
+    while !(entered.load(Ordering::Acquire) && waiter.summary().opening == 0) {
+        assert!(Instant::now() < park_deadline, "the waiter never parked");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        !task.is_finished(),
+        "wait_for returned before the handoff (the tenant was not held?)"
+    );
+    let began = Instant::now();
+    holder.handoff().await.expect("handoff");
+    let handoff_call = began.elapsed();
+    let (result, returned) = task.await.expect("waiter task");
+    let new_handle = result.expect("wait_for gets the tenant");
+    assert!(new_handle.epoch() > holder.epoch(), "epoch did not advance");
+    HandoffSample {
+        new_handle,
+        to_handle: returned.saturating_duration_since(began),
+        handoff_call,
+        began,
+    }
+}
+
+/// A fresh database on 127.0.0.1 with the control plane set up, and an admin connection.
+pub async fn fresh_database() -> (TestDatabase, Client) {
+    let db = TestDatabase::create().await.expect("test database");
+    let url = db.url();
+    assert!(
+        url.contains("@127.0.0.1:") || url.contains("@127.0.0.1/"),
+        "this benchmark only connects to 127.0.0.1, got {url}"
+    );
+    let mut admin = db.connect().await.expect("connect");
+    pgtenant::setup(&mut admin).await.expect("pgtenant::setup");
+    (db, admin)
+}
+
+/// What a report says about the server it ran on.
+pub struct ServerInfo {
+    /// When the run started, by the server's clock (UTC, to the minute).
+    pub date: String,
+    /// `SELECT version()`.
+    pub pg_version: String,
+    /// The settings that move these numbers.
+    pub settings: String,
+}
+
+/// The CPU's model name, from /proc/cpuinfo.
+pub fn cpu_model() -> Option<String> {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split(':').nth(1))
+                .map(|model| model.trim().to_owned())
+        })
+}
+
+/// Reads [`ServerInfo`] from the server `admin` is connected to.
+pub async fn server_info(admin: &Client) -> ServerInfo {
+    let one = |sql: &'static str| async move {
+        admin
+            .query_one(sql, &[])
+            .await
+            .expect("server info")
+            .get::<_, String>(0)
+    };
+    ServerInfo {
+        date: one("SELECT to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI \"UTC\"')").await,
+        pg_version: one("SELECT version()").await,
+        settings: one(
+            "SELECT format('max_connections=%s, shared_buffers=%s, max_wal_size=%s, synchronous_commit=%s, fsync=%s',
+                    current_setting('max_connections'), current_setting('shared_buffers'),
+                    current_setting('max_wal_size'), current_setting('synchronous_commit'),
+                    current_setting('fsync'))",
+        )
+        .await,
+    }
+}
+
 /// Median; the mean of the two middle values for an even count.
 pub fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
