@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 mod tls;
 
@@ -183,37 +184,48 @@ async fn with_database(
 }
 
 async fn connect(url: &str) -> Result<Client, String> {
-    let config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|error| format!("bad database URL: {}", describe(&error)))?;
+    let (config, tls) = parse_url(url)?;
     let failed = |error: tokio_postgres::Error| {
         format!("cannot connect to the database: {}", describe(&error))
     };
     let ended = |error: tokio_postgres::Error| {
         eprintln!("database connection ended: {}", describe(&error));
     };
-    if config.get_ssl_mode() == SslMode::Disable {
-        let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
-        tokio::spawn(async move { connection.await.map_err(ended) });
-        Ok(client)
-    } else {
-        let (client, connection) = config.connect(tls::connector()?).await.map_err(failed)?;
-        tokio::spawn(async move { connection.await.map_err(ended) });
-        Ok(client)
+    match tls {
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
+            tokio::spawn(async move { connection.await.map_err(ended) });
+            Ok(client)
+        }
+        Some(tls) => {
+            let (client, connection) = config.connect(tls).await.map_err(failed)?;
+            tokio::spawn(async move { connection.await.map_err(ended) });
+            Ok(client)
+        }
     }
 }
 
 /// Router options for `url`, with TLS as [`connect`] makes it.
 fn router_options(replica: String, url: &str) -> Result<pgtenant::RouterOptions, String> {
-    let options = pgtenant::RouterOptions::from_url(replica, url).map_err(|e| e.to_string())?;
-    let plain = url
-        .parse::<tokio_postgres::Config>()
-        .is_ok_and(|config| config.get_ssl_mode() == SslMode::Disable);
-    Ok(if plain {
-        options
-    } else {
-        options.tls(tls::connector()?)
+    let (config, tls) = parse_url(url)?;
+    let options = pgtenant::RouterOptions::new(replica, config);
+    Ok(match tls {
+        None => options,
+        Some(tls) => options.tls(tls),
     })
+}
+
+/// The URL's connection settings, and the TLS connector its `sslmode` asks for (none for
+/// `disable`).
+fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<MakeRustlsConnect>), String> {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|error| format!("bad database URL: {}", describe(&error)))?;
+    let tls = match config.get_ssl_mode() {
+        SslMode::Disable => None,
+        _ => Some(tls::connector()?),
+    };
+    Ok((config, tls))
 }
 
 /// tokio-postgres' Display leaves out the server's message and the I/O cause.
