@@ -252,14 +252,14 @@ async fn probe_for_pooler(
     connector: &Connector,
 ) -> Result<()> {
     const ROUNDS: usize = 3;
-    let context = "probe the lease session for a pooler";
+    const CONTEXT: &str = "probe the lease session for a pooler";
     // Unnamed statements: a named one could be prepared on one server and executed on another.
     async fn backend_of(client: &impl GenericClient) -> Result<i32> {
         client
             .query_typed_one("SELECT pg_backend_pid()", &[])
             .await
             .and_then(|row| row.try_get(0))
-            .map_err(Error::db("probe the lease session for a pooler"))
+            .map_err(Error::db(CONTEXT))
     }
     let pooled = |detail: String| {
         Error::NotASession(format!(
@@ -268,40 +268,39 @@ async fn probe_for_pooler(
         ))
     };
     let lease_pid = backend_of(lease).await?;
+    let moved = |pid: i32| {
+        pooled(format!(
+            "the lease session's statements ran on two backends (pids {lease_pid} and {pid})"
+        ))
+    };
     let (mut probe, messages) = connector
         .connect(config.clone())
         .await
-        .map_err(Error::db(context))?;
+        .map_err(Error::db(CONTEXT))?;
     let driver = tokio::spawn(crate::connect::drive(messages));
-    let mut verdict = Ok(());
-    for _ in 0..ROUNDS {
-        let moved = |pid: i32| {
-            pooled(format!(
-                "the lease session's statements ran on two backends (pids {lease_pid} and {pid})"
-            ))
-        };
-        let now = backend_of(lease).await?;
-        if now != lease_pid {
-            verdict = Err(moved(now));
-            break;
+    let verdict = async {
+        for _ in 0..ROUNDS {
+            let now = backend_of(lease).await?;
+            if now != lease_pid {
+                return Err(moved(now));
+            }
+            let tx = probe.transaction().await.map_err(Error::db(CONTEXT))?;
+            if backend_of(&tx).await? == lease_pid {
+                return Err(pooled(format!(
+                    "another client was given the lease session's backend (pid {lease_pid})"
+                )));
+            }
+            // The probe's transaction pins its backend, so a pooler must find the lease
+            // session another one — or its own, which it can only do without pooling.
+            let during = backend_of(lease).await?;
+            tx.rollback().await.map_err(Error::db(CONTEXT))?;
+            if during != lease_pid {
+                return Err(moved(during));
+            }
         }
-        let tx = probe.transaction().await.map_err(Error::db(context))?;
-        let probe_pid = backend_of(&tx).await?;
-        if probe_pid == lease_pid {
-            verdict = Err(pooled(format!(
-                "another client was given the lease session's backend (pid {lease_pid})"
-            )));
-            break;
-        }
-        // The probe's transaction pins its backend, so a pooler must find the lease
-        // session another one — or its own, which it can only do without pooling.
-        let during = backend_of(lease).await?;
-        tx.rollback().await.map_err(Error::db(context))?;
-        if during != lease_pid {
-            verdict = Err(moved(during));
-            break;
-        }
+        Ok(())
     }
+    .await;
     drop(probe);
     let _ = driver.await;
     verdict
