@@ -7,7 +7,7 @@ use serde::Serialize;
 use tokio_postgres::{Client, GenericClient};
 
 use crate::error::{Error, Result};
-use crate::id::TenantId;
+use crate::id::{TenantId, TRASH_PREFIX};
 use crate::options::validate_replica_id;
 
 /// Tenant states as `pgtenant.lease_status` reports them.
@@ -255,6 +255,9 @@ pub struct SweepOptions {
     pub lock_timeout: Duration,
     /// Journal rows (`pgtenant.history`) older than this are pruned. Default 30 days.
     pub history_retention: Duration,
+    /// Replicas that ended (deregistered or expired) longer ago than this, and that no tenant
+    /// names, are pruned from `pgtenant.replicas`. Default 7 days.
+    pub replica_retention: Duration,
 }
 
 impl Default for SweepOptions {
@@ -264,6 +267,7 @@ impl Default for SweepOptions {
             objects_per_transaction: 20,
             lock_timeout: Duration::from_secs(2),
             history_retention: Duration::from_secs(30 * 24 * 3600),
+            replica_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -292,8 +296,14 @@ pub struct SweepReport {
     pub deferred: Vec<(String, String)>,
     /// Tenant-like schemas no tenant accounts for: left alone, for a person to look at.
     pub unknown: Vec<String>,
+    /// Schemas a trash row names that pgtenant would not have made for that row (a name not
+    /// derived from the tenant and epoch, or another owner than the tenant-owner role): left
+    /// alone, with why. The sweep trusts nothing it reads (DESIGN G8).
+    pub refused: Vec<(String, String)>,
     /// Journal rows pruned for age.
     pub history_pruned: u64,
+    /// Ended replicas pruned from `pgtenant.replicas`.
+    pub replicas_pruned: u64,
 }
 
 /// Drops trashed schemas past retention and every masked schema (one that belongs to a
@@ -317,7 +327,8 @@ pub async fn sweep(
     let retention_ms = i64::try_from(options.retention.as_millis()).unwrap_or(i64::MAX);
     let rows = client
         .query(
-            "SELECT schema_name, tenant_key, trashed_at < now() - $1::bigint * interval '1 millisecond'
+            "SELECT schema_name, tenant_key, epoch, live_name,
+                    trashed_at < now() - $1::bigint * interval '1 millisecond'
                FROM pgtenant.trash WHERE swept_at IS NULL ORDER BY trashed_at",
             &[&retention_ms],
         )
@@ -325,16 +336,24 @@ pub async fn sweep(
         .map_err(Error::db("read the trash"))?;
     let mut doomed: Vec<(String, String, bool)> = Vec::new();
     for row in rows {
-        if row.get::<_, bool>(2) {
-            doomed.push((row.get(0), row.get(1), false));
-        } else {
+        let (schema, tenant): (String, String) = (row.get(0), row.get(1));
+        if !row.get::<_, bool>(4) {
             report.kept += 1;
+            continue;
+        }
+        match trash_row_is_derived(&schema, &tenant, row.get(2), &row.get::<_, String>(3)) {
+            Ok(()) => doomed.push((schema, tenant, false)),
+            Err(reason) => report.refused.push((schema, reason)),
         }
     }
     for (schema, tenant) in masked_schemas(client, &mut report).await? {
         doomed.push((schema, tenant, true));
     }
     for (schema, tenant, masked) in doomed {
+        if let Some(reason) = foreign_owner(client, &schema).await? {
+            report.refused.push((schema, reason));
+            continue;
+        }
         match drop_schema(client, options, &schema, &tenant, &mut progress).await {
             Ok(()) => {
                 if masked {
@@ -353,14 +372,78 @@ pub async fn sweep(
         }
     }
     let history_ms = i64::try_from(options.history_retention.as_millis()).unwrap_or(i64::MAX);
-    report.history_pruned = client
-        .execute(
-            "DELETE FROM pgtenant.history WHERE at < now() - $1::bigint * interval '1 millisecond'",
-            &[&history_ms],
+    let replicas_ms = i64::try_from(options.replica_retention.as_millis()).unwrap_or(i64::MAX);
+    let pruned = client
+        .query_one(
+            "SELECT history_pruned, replicas_pruned FROM pgtenant.prune($1, $2)",
+            &[&history_ms, &replicas_ms],
         )
         .await
-        .map_err(Error::db("prune the journal"))?;
+        .map_err(Error::db("prune the journal and ended replicas"))?;
+    report.history_pruned = u64::try_from(pruned.get::<_, i64>(0)).unwrap_or(0);
+    report.replicas_pruned = u64::try_from(pruned.get::<_, i64>(1)).unwrap_or(0);
     Ok(report)
+}
+
+/// Whether a trash row names a schema pgtenant made: `trash_` + a live name derived from the
+/// row's tenant and an epoch up to the row's (the life began at or before it was forgotten).
+fn trash_row_is_derived(
+    schema: &str,
+    tenant: &str,
+    forgotten_epoch: i64,
+    live_name: &str,
+) -> std::result::Result<(), String> {
+    let refuse = |why: &str| {
+        Err(format!(
+            "not a schema pgtenant made for tenant {tenant:?}: {why}"
+        ))
+    };
+    if schema.strip_prefix(TRASH_PREFIX) != Some(live_name) {
+        return refuse("its name is not the trash prefix and the live name");
+    }
+    let Ok(id) = TenantId::parse(tenant) else {
+        return refuse("the tenant key is not a valid tenant id");
+    };
+    let Some(life_epoch) = life_epoch_of(live_name).filter(|e| *e <= forgotten_epoch) else {
+        return refuse("its name carries no epoch up to the one forgotten");
+    };
+    if id
+        .derived_schema_names(life_epoch)
+        .any(|name| name == live_name)
+    {
+        Ok(())
+    } else {
+        refuse("its name is not derived from the tenant and epoch")
+    }
+}
+
+/// The epoch a tenant schema's life began at, from its name (`…_<epoch>_<hash>`).
+fn life_epoch_of(name: &str) -> Option<i64> {
+    name.rsplit('_').nth(1).and_then(|e| e.parse().ok())
+}
+
+/// Why a schema must not be dropped by the sweep though its name is derived: its owner is not
+/// the tenant-owner role (`pgtenant.config.app_role`, or the control plane's owner without
+/// one). None when it may go (or is already gone).
+async fn foreign_owner(client: &Client, schema: &str) -> Result<Option<String>> {
+    let row = client
+        .query_opt(
+            "SELECT n.nspowner = coalesce((SELECT r.oid FROM pg_roles r, pgtenant.config c
+                                            WHERE r.rolname = c.app_role),
+                                           (SELECT p.nspowner FROM pg_namespace p WHERE p.nspname = 'pgtenant')),
+                    pg_get_userbyid(n.nspowner)
+               FROM pg_namespace n WHERE n.nspname = $1",
+            &[&schema],
+        )
+        .await
+        .map_err(Error::db(format!("check the owner of schema {schema}")))?;
+    Ok(row.and_then(|row| {
+        let expected: Option<bool> = row.get(0);
+        let owner: String = row.get(1);
+        (expected != Some(true)).then(|| {
+            format!("owned by {owner}, not by the tenant-owner role: pgtenant never made it")
+        })
+    }))
 }
 
 /// Tenant-shaped schemas outside the trash that no live tenant owns; the ones that belong to a
@@ -382,11 +465,7 @@ async fn masked_schemas(
     let mut masked = Vec::new();
     for row in orphans {
         let schema: String = row.get(0);
-        let epoch = schema
-            .rsplit('_')
-            .nth(1)
-            .and_then(|e| e.parse::<i64>().ok())
-            .unwrap_or(i64::MAX);
+        let epoch = life_epoch_of(&schema).unwrap_or(i64::MAX);
         // The name is a hash of key and epoch: recompute it for each tenant forgotten at or
         // after that epoch; a match attributes the schema, nothing else does.
         let candidates = client
@@ -399,7 +478,8 @@ async fn masked_schemas(
         let owner = candidates.iter().find_map(|row| {
             let key: String = row.get(0);
             let id = TenantId::parse(&key).ok()?;
-            (id.schema_name(epoch) == schema).then_some(key)
+            let derived = id.derived_schema_names(epoch).any(|name| name == schema);
+            derived.then_some(key)
         });
         match owner {
             Some(key) => masked.push((schema, key)),
@@ -425,7 +505,12 @@ async fn drop_schema(
     let batch = i64::try_from(options.objects_per_transaction).unwrap_or(20);
     let mut dropped = 0;
     loop {
-        let tx = client.transaction().await.map_err(Error::db(context()))?;
+        let tx = client
+            .build_transaction()
+            .read_only(false)
+            .start()
+            .await
+            .map_err(Error::db(context()))?;
         tx.execute(
             "SELECT set_config('lock_timeout', $1, true)",
             &[&lock_timeout],
@@ -462,20 +547,14 @@ async fn drop_schema(
             ))
             .await
             .map_err(Error::db(context()))?;
-            tx.execute(
-                "UPDATE pgtenant.trash SET swept_at = now() WHERE schema_name = $1",
-                &[&schema],
-            )
-            .await
-            .map_err(Error::db(context()))?;
-            tx.execute(
-                "INSERT INTO pgtenant.history (tenant_key, event, detail) VALUES ($1, 'swept', $2)",
-                &[&tenant, &schema],
-            )
-            .await
-            .map_err(Error::db(context()))?;
+            tx.execute("SELECT pgtenant.record_swept($1, $2)", &[&schema, &tenant])
+                .await
+                .map_err(Error::db(context()))?;
             tx.commit().await.map_err(Error::db(context()))?;
-            progress(schema, dropped);
+            // A schema with objects was reported after its last batch already.
+            if dropped == 0 {
+                progress(schema, dropped);
+            }
             return Ok(());
         }
         let mut statements = String::new();

@@ -43,6 +43,97 @@ pub fn supported_version() -> i64 {
         .unwrap_or(0)
 }
 
+/// Which roles [`setup_with`] grants to (DESIGN G8). Each must exist already.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SetupOptions {
+    /// The application's role: gets EXECUTE on the protocol functions, SELECT on what the
+    /// fence and the status views read, and CREATE on the database (it creates and owns the
+    /// tenant schemas), and no write access to any control-plane table.
+    pub app_role: Option<String>,
+    /// The operators' role: SELECT on the control plane, and the operator functions
+    /// (clearing quarantines, recording sweeps, pruning). To drop tenant schemas, the sweep's
+    /// role must also be a member of the application's role (or a superuser).
+    pub operator_role: Option<String>,
+}
+
+impl SetupOptions {
+    /// Grants to the application's role `role`.
+    #[must_use]
+    pub fn app_role(mut self, role: impl Into<String>) -> Self {
+        self.app_role = Some(role.into());
+        self
+    }
+
+    /// Grants to the operators' role `role`.
+    #[must_use]
+    pub fn operator_role(mut self, role: impl Into<String>) -> Self {
+        self.operator_role = Some(role.into());
+        self
+    }
+}
+
+/// Like [`setup`], then grants the roles in `options` exactly what they need (in the same
+/// transaction). The control plane is owned by the role that runs this; with an application
+/// role, that owner must be a superuser or a member of the application's role, because
+/// `forget` and `restore` rename the application's tenant schemas as the owner.
+///
+/// # Errors
+/// [`Error::InvalidOption`] for a role that does not exist or an owner that could not rename
+/// the application's schemas, before anything changes; otherwise as [`setup`].
+pub async fn setup_with(client: &mut Client, options: &SetupOptions) -> Result<SetupReport> {
+    for (option, role) in [
+        ("app_role", &options.app_role),
+        ("operator_role", &options.operator_role),
+    ] {
+        if let Some(role) = role {
+            check_role(client, option, role).await?;
+        }
+    }
+    if let Some(app) = &options.app_role {
+        let able: bool = client
+            .query_one(
+                "SELECT rolsuper OR pg_has_role(current_user, $1::text::name, 'MEMBER')
+                   FROM pg_roles WHERE rolname = current_user",
+                &[app],
+            )
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::db("check the control plane's owner"))?;
+        if !able {
+            return Err(Error::InvalidOption {
+                option: "app_role",
+                reason: format!(
+                    "the role running setup owns the control plane and must be able to rename {app}'s tenant \
+                     schemas (forget, restore): run setup as a superuser, or `GRANT {app} TO <owner>` first"
+                ),
+            });
+        }
+    }
+    setup_inner(client, Some(options)).await
+}
+
+async fn check_role(client: &Client, option: &'static str, role: &str) -> Result<()> {
+    let exists: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
+            &[&role],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db("look up a role"))?;
+    if exists {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option,
+        reason: format!(
+            "role {:?} does not exist: create it first (CREATE ROLE … LOGIN)",
+            role.chars().take(70).collect::<String>()
+        ),
+    })
+}
+
 /// Creates or upgrades the control plane, idempotently.
 ///
 /// Safe when many processes call it at once: the whole run is one transaction under a
@@ -58,8 +149,14 @@ pub fn supported_version() -> i64 {
 /// ```
 #[instrument(skip_all)]
 pub async fn setup(client: &mut Client) -> Result<SetupReport> {
+    setup_inner(client, None).await
+}
+
+async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Result<SetupReport> {
     let transaction = client
-        .transaction()
+        .build_transaction()
+        .read_only(false)
+        .start()
         .await
         .map_err(Error::db("begin control-plane setup"))?;
     transaction
@@ -87,6 +184,15 @@ pub async fn setup(client: &mut Client) -> Result<SetupReport> {
         .run_async(&mut InTransaction(&transaction))
         .await
         .map_err(Error::Migration)?;
+    if let Some(roles) = roles {
+        transaction
+            .execute(
+                "SELECT pgtenant.grant_roles($1::text::name, $2::text::name)",
+                &[&roles.app_role, &roles.operator_role],
+            )
+            .await
+            .map_err(Error::db("grant the application and operator roles"))?;
+    }
     transaction
         .commit()
         .await

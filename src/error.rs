@@ -261,6 +261,52 @@ pub enum Error {
         reason: String,
     },
 
+    /// The work passed to [`TenantHandle::run`](crate::TenantHandle::run) (or `read`) ended
+    /// pgtenant's fenced transaction itself, with `COMMIT` or `ROLLBACK`. What it did before
+    /// that ran under the fence; nothing after it was fenced, and nothing after it committed
+    /// (data sessions are read-only outside the fenced transaction).
+    #[error(
+        "the work for tenant {tenant} (epoch {epoch}) ended pgtenant's fenced transaction itself \
+         (COMMIT or ROLLBACK inside it): nothing after that point committed; leave transaction \
+         control to pgtenant (return an error to roll back)"
+    )]
+    TransactionEnded {
+        /// The tenant.
+        tenant: String,
+        /// The handle's epoch.
+        epoch: i64,
+    },
+
+    /// A handoff named a replica that is not registered and alive.
+    #[error("cannot hand off to replica {replica_id}: {message}; hand off to a running replica (pgtenant.replica_status lists them)")]
+    NoSuchReplica {
+        /// The replica named.
+        replica_id: String,
+        /// What the database says of it.
+        message: String,
+    },
+
+    /// The server did not answer one of pgtenant's statements in time; the connection was
+    /// closed. Retryable. Whether a `COMMIT` that timed out took effect is unknown: the
+    /// transaction may have committed.
+    #[error("{context}: the server did not answer within {timeout:?}; the connection was closed (retry; a commit that timed out may have taken effect)")]
+    ConnectionStuck {
+        /// What pgtenant was doing.
+        context: &'static str,
+        /// The bound.
+        timeout: std::time::Duration,
+    },
+
+    /// The database answered in a way this pgtenant does not expect: the control plane may
+    /// belong to another pgtenant version.
+    #[error("{context}: unexpected answer from the database ({detail}); check that `pgtenant status` shows a control plane this pgtenant supports")]
+    UnexpectedReply {
+        /// What pgtenant was doing.
+        context: String,
+        /// What was unexpected.
+        detail: String,
+    },
+
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
     #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
@@ -283,6 +329,7 @@ impl Error {
             | Error::ExpiredLocally { .. }
             | Error::ReplicaDown { .. }
             | Error::Draining { .. }
+            | Error::ConnectionStuck { .. }
             | Error::OpenTimeout { .. } => true,
             _ => false,
         }
@@ -294,6 +341,10 @@ impl Error {
             Error::Database { source, .. } => source.code().map(|code| code.code()),
             _ => None,
         }
+    }
+
+    pub(crate) fn stuck(context: &'static str, timeout: std::time::Duration) -> Error {
+        Error::ConnectionStuck { context, timeout }
     }
 
     pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {

@@ -1,18 +1,19 @@
 //! Tenant handles: the only way to a tenant's ledger, bound to one tenant and one epoch.
 
-use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
 
 use tokio::sync::Notify;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{CancelToken, Transaction};
 
+use crate::control;
 use crate::error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
 use crate::event::Event;
 use crate::id::TenantId;
+use crate::liveness::Credentials;
 use crate::router::{pool_error, Shared};
 
 /// A boxed, sendable future borrowing a transaction: what work passed to
@@ -37,11 +38,19 @@ const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
 const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
 /// The fences' parameter types, for the unnamed (uncached) form.
 const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
+/// Ends a fenced transaction. The fence opened the cursor in this transaction; if the work
+/// ended that transaction itself (COMMIT, ROLLBACK), the cursor is gone, CLOSE fails and
+/// nothing the work did after that commits: one message, no extra round trip.
+const COMMIT_SQL: &str = "CLOSE pgtenant_fenced; COMMIT";
+/// SQLSTATE of CLOSE for a cursor that does not exist.
+const INVALID_CURSOR_NAME: &str = "34000";
 
 pub(crate) struct HandleInner {
     pub(crate) id: TenantId,
     pub(crate) epoch: i64,
     pub(crate) incarnation: i64,
+    /// What the incarnation that holds this lease presents to the control plane.
+    pub(crate) credentials: Arc<Credentials>,
     /// The tenant's fence lock key (`pgtenant.tenants.lock_key`).
     pub(crate) lock_key: i32,
     /// The version this tenure's open migrated from, when it ran migrations.
@@ -73,14 +82,15 @@ pub enum ActiveWork {
 impl HandleInner {
     pub(crate) fn new(
         id: TenantId,
-        (epoch, incarnation, lock_key, migrated_from): (i64, i64, i32, Option<i64>),
+        (epoch, credentials, lock_key, migrated_from): (i64, Arc<Credentials>, i32, Option<i64>),
         schema: String,
         router: Arc<Shared>,
     ) -> Self {
         HandleInner {
             id,
             epoch,
-            incarnation,
+            incarnation: credentials.incarnation,
+            credentials,
             lock_key,
             migrated_from,
             schema,
@@ -358,17 +368,41 @@ impl TenantHandle {
         let inner = &self.inner;
         inner.admit()?;
         let _in_flight = InFlight::enter(inner);
-        let mut client = inner
+        let mut object = inner
             .router
             .pool
             .get()
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
+        let stuck = std::sync::atomic::AtomicBool::new(false);
+        let outcome = self.fenced_on(&mut object, &stuck, read_only, work).await;
+        if stuck.load(Ordering::Acquire) {
+            // A connection that stopped answering must never hold a pool slot.
+            tracing::warn!(tenant = %inner.id, "closing a data connection that stopped answering");
+            drop(deadpool_postgres::Object::take(object));
+        }
+        outcome
+    }
+
+    /// A fenced transaction on `object`; sets `stuck` when the server stopped answering.
+    async fn fenced_on<T, E, F>(
+        &self,
+        object: &mut deadpool_postgres::Object,
+        stuck: &std::sync::atomic::AtomicBool,
+        read_only: bool,
+        work: F,
+    ) -> Result<T, E>
+    where
+        E: From<Error>,
+        F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<T, E>>,
+    {
+        let inner = &self.inner;
+        let router = &inner.router;
         // Prepared once per pooled connection: the fence then costs the server no parse or plan.
         let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
-        let fence_statement = if inner.router.options.statement_cache {
+        let fence_statement = if router.options.statement_cache {
             Some(
-                client
+                object
                     .prepare_cached(sql)
                     .await
                     .map_err(Error::db("prepare the fence"))?,
@@ -376,55 +410,70 @@ impl TenantHandle {
         } else {
             None
         };
-        let client: &mut tokio_postgres::Client = &mut client;
+        let bound = router.options.stuck_timeout;
+        let client: &mut tokio_postgres::Client = object;
         let _cancel = CancelOnForget::register(inner, client.cancel_token());
-        let tx = client
-            .build_transaction()
-            .read_only(read_only)
-            .start()
-            .await
-            .map_err(Error::db("begin tenant transaction"))?;
-        let key = inner.id.key();
-        let params: [&(dyn ToSql + Sync); 4] = [
-            &key,
-            &inner.epoch,
-            &inner.lock_key,
-            &inner.router.idle_timeout_ms,
-        ];
-        let (outcome, fenced) = {
-            let fence = async {
-                match &fence_statement {
-                    Some(statement) => tx.query(statement, &params).await,
-                    None => {
-                        let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
-                            .iter()
-                            .zip(FENCE_TYPES)
-                            .map(|(param, ty)| (*param, ty))
-                            .collect();
-                        tx.query_typed(sql, &typed).await
-                    }
-                }
-            };
-            let mut fence = pin!(fence);
-            // One poll puts the fence on the wire ahead of the work's statements: they travel
-            // in the same flight and PostgreSQL runs them in order.
-            let early = poll_fn(|cx| Poll::Ready(fence.as_mut().poll(cx))).await;
-            let outcome = work(&tx).await;
-            let fenced = match early {
-                Poll::Ready(result) => result,
-                Poll::Pending => fence.await,
-            };
-            (outcome, fenced)
+        // READ WRITE (or READ ONLY) explicitly: data sessions default to read-only, so work
+        // that ends this transaction itself cannot write afterwards.
+        let begun = tokio::time::timeout(
+            bound,
+            client.build_transaction().read_only(read_only).start(),
+        )
+        .await;
+        let tx = match begun {
+            Ok(begun) => begun.map_err(Error::db("begin tenant transaction"))?,
+            Err(_) => {
+                stuck.store(true, Ordering::Release);
+                return Err(Error::stuck("begin tenant transaction", bound).into());
+            }
         };
+        let key = inner.id.key();
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&key, &inner.epoch, &inner.lock_key, &router.idle_timeout_ms];
+        let fence = async {
+            match &fence_statement {
+                Some(statement) => tx.query(statement, &params).await,
+                None => {
+                    let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
+                        .iter()
+                        .zip(FENCE_TYPES)
+                        .map(|(param, ty)| (*param, ty))
+                        .collect();
+                    tx.query_typed(sql, &typed).await
+                }
+            }
+        };
+        // The fence goes on the wire first (join! polls in order) and its reply is consumed as
+        // it arrives, concurrently with the work: a reply split by a ParameterStatus, NOTICE or
+        // NOTIFY must not sit unread, or the connection stops reading the socket (issue #15).
+        let (fenced, outcome) = tokio::join!(fence, work(&tx));
         if let Err(error) = fenced {
             // The work saw an aborted transaction; the fence's refusal is the real story.
             return Err(inner.fence_error(error).into());
         }
         let value = outcome?;
-        tx.commit()
-            .await
-            .map_err(Error::db(format!("commit tenant {} work", inner.id)))?;
-        Ok(value)
+        match tokio::time::timeout(bound, tx.batch_execute(COMMIT_SQL)).await {
+            Ok(Ok(())) => {
+                // Committed: the driver's transaction must not send its ROLLBACK on drop (it
+                // holds only a borrow of the connection, so forgetting it leaks nothing).
+                std::mem::forget(tx);
+                Ok(value)
+            }
+            Ok(Err(error)) if error.code().map(|c| c.code()) == Some(INVALID_CURSOR_NAME) => {
+                Err(Error::TransactionEnded {
+                    tenant: inner.id.key().to_owned(),
+                    epoch: inner.epoch,
+                }
+                .into())
+            }
+            Ok(Err(error)) => {
+                Err(Error::db(format!("commit tenant {} work", inner.id))(error).into())
+            }
+            Err(_) => {
+                stuck.store(true, Ordering::Release);
+                Err(Error::stuck("commit tenant work", bound).into())
+            }
+        }
     }
 
     /// Waits until no work is in flight.
@@ -466,6 +515,7 @@ impl TenantHandle {
     #[tracing::instrument(name = "pgtenant.handoff_to", skip_all, fields(tenant = %self.inner.id, epoch = self.inner.epoch, to = replica))]
     pub async fn handoff_to(&self, replica: &str) -> Result<()> {
         crate::options::validate_replica_id("replica", replica)?;
+        self.inner.router.ensure_live_replica(replica).await?;
         self.hand_over(Some(replica)).await
     }
 
@@ -587,18 +637,24 @@ impl TenantHandle {
             .get()
             .await
             .map_err(pool_error("forget a tenant"))?;
-        let forgotten = client
-            .query_one(
-                "SELECT pgtenant.forget($1, $2, $3, $4)",
-                &[
-                    &inner.id.key(),
-                    &inner.epoch,
-                    &router.options.replica_id,
-                    &inner.incarnation,
-                ],
-            )
-            .await
-            .and_then(|row| row.try_get::<_, String>(0));
+        let credentials = &inner.credentials;
+        let (key, secret) = (inner.id.key(), credentials.secret());
+        let forgotten = control::call(
+            &client,
+            "SELECT pgtenant.forget($1, $2, $3, $4, $5)",
+            &[
+                (&key, Type::TEXT),
+                (&inner.epoch, Type::INT8),
+                (&credentials.replica, Type::TEXT),
+                (&credentials.incarnation, Type::INT8),
+                (&secret, Type::TEXT),
+            ],
+        )
+        .await
+        .and_then(|rows| match rows.first() {
+            Some(row) => row.try_get::<_, String>(0),
+            None => Ok(String::new()),
+        });
         let trash = match forgotten {
             Ok(trash) => trash,
             Err(error) => {
@@ -622,16 +678,28 @@ impl TenantHandle {
         let inner = &self.inner;
         let router = &inner.router;
         router.detach(inner);
-        let released = router
+        let released = match router
             .releases
             .release(
                 &inner.id,
                 inner.epoch,
-                inner.incarnation,
+                &inner.credentials,
                 event,
                 to.map(|replica| (replica, router.options.reservation)),
             )
-            .await?;
+            .await
+        {
+            Err(Error::NoSuchReplica { replica_id, .. }) => {
+                // The target died between the check before the drain and this release: the
+                // tenant is already drained, so it is released for anyone rather than kept.
+                tracing::warn!(tenant = %inner.id, to = %replica_id, "handoff target gone; released without a reservation");
+                router
+                    .releases
+                    .release(&inner.id, inner.epoch, &inner.credentials, event, None)
+                    .await?
+            }
+            released => released?,
+        };
         let tenant = inner.id.key().to_owned();
         let epoch = inner.epoch;
         router.emit(match (released, event) {

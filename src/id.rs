@@ -19,6 +19,9 @@ const LIVE_PREFIX: &str = "t_";
 /// Hex digits of the hash that makes schema names collision-free after truncation.
 const HASH_HEX_DIGITS: usize = 10;
 
+/// How many names a tenant's life can be given (see `TenantId::schema_name_salted`).
+pub(crate) const SCHEMA_NAME_SALTS: u32 = 8;
+
 /// A tenant's identity: `organization/ledger`, each part matching `^[a-z0-9][a-z0-9-]{0,29}$`.
 ///
 /// Construction validates both parts before anything else happens, so a `TenantId` that
@@ -202,17 +205,46 @@ impl TenantId {
 
     /// The schema of this tenant's life that began at `life_epoch`.
     ///
-    /// `t_<organization>_<ledger>_<epoch>_<hash>`: lowercase `[a-z0-9_]`, recognisable in psql,
-    /// the readable parts shortened so that even with the trash prefix the name stays within
-    /// PostgreSQL's 63 bytes; the hash of the full key and epoch keeps shortened names apart.
+    /// `t_<organization>__<ledger>_<epoch>_<hash>`: lowercase `[a-z0-9_]`, recognisable in
+    /// psql (`-` reads as `_`, and the double underscore parts organization from ledger, so
+    /// `a-b/c` and `a/b-c` read apart), the readable parts shortened so that even with the
+    /// trash prefix the name stays within PostgreSQL's 63 bytes; the hash of the full key and
+    /// epoch keeps shortened names apart.
     pub fn schema_name(&self, life_epoch: i64) -> String {
+        self.schema_name_salted(life_epoch, 0)
+    }
+
+    /// The `salt`-th name a life can take: salt 0 is [`TenantId::schema_name`]; the others
+    /// hash the salt in too, for when that name is taken (40 bits of hash can be collided on
+    /// purpose in seconds). Creation tries them in order, so it never fails on a collision.
+    pub(crate) fn schema_name_salted(&self, life_epoch: i64, salt: u32) -> String {
+        self.derive_schema_name(life_epoch, salt, "__")
+    }
+
+    /// Every name pgtenant ever derived for the life that began at `life_epoch` (each salt,
+    /// and the first release's single-underscore form): the sweep drops a schema only if its
+    /// name is one of these.
+    pub(crate) fn derived_schema_names(
+        &self,
+        life_epoch: i64,
+    ) -> impl Iterator<Item = String> + '_ {
+        (0..SCHEMA_NAME_SALTS)
+            .map(move |salt| self.schema_name_salted(life_epoch, salt))
+            .chain(std::iter::once(self.derive_schema_name(life_epoch, 0, "_")))
+    }
+
+    fn derive_schema_name(&self, life_epoch: i64, salt: u32, separator: &str) -> String {
         let epoch = life_epoch.to_string();
-        let hash = fnv1a64(format!("{}\0{}", self.key, epoch).as_bytes());
-        let hash = format!("{hash:016x}");
+        let hashed = match salt {
+            0 => format!("{}\0{}", self.key, epoch),
+            salt => format!("{}\0{}\0{}", self.key, epoch, salt),
+        };
+        let hash = format!("{:016x}", fnv1a64(hashed.as_bytes()));
         let hash = &hash[..HASH_HEX_DIGITS];
-        // t_ + org + _ + ledger + _ + epoch + _ + hash, within the budget left by the trash prefix.
+        // t_ + org + separator + ledger + _ + epoch + _ + hash, within the budget left by the
+        // trash prefix.
         let budget = MAX_IDENTIFIER_LEN - TRASH_PREFIX.len();
-        let fixed = LIVE_PREFIX.len() + 3 + epoch.len() + HASH_HEX_DIGITS;
+        let fixed = LIVE_PREFIX.len() + separator.len() + 2 + epoch.len() + HASH_HEX_DIGITS;
         let readable = budget.saturating_sub(fixed);
         let (org, ledger) = (self.organization(), self.ledger());
         let org_len = org
@@ -221,7 +253,7 @@ impl TenantId {
         let ledger_len = ledger.len().min(readable - org_len);
         let snake = |s: &str| s.replace('-', "_");
         format!(
-            "{LIVE_PREFIX}{}_{}_{epoch}_{hash}",
+            "{LIVE_PREFIX}{}{separator}{}_{epoch}_{hash}",
             snake(&org[..org_len]),
             snake(&ledger[..ledger_len])
         )

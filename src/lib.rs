@@ -52,11 +52,14 @@
 #![deny(missing_docs)]
 #![warn(rustdoc::broken_intra_doc_links)]
 
+mod acquire;
 mod admin;
 mod connect;
+mod control;
 mod control_plane;
 mod error;
 mod event;
+mod forget;
 mod handle;
 mod id;
 mod ledger;
@@ -71,7 +74,8 @@ pub use admin::{
     SweepReport, TenantQuery, TenantRecord, TrashRecord, TENANT_STATES,
 };
 pub use control_plane::{
-    control_plane_version, setup, supported_version, SetupReport, CONTROL_SCHEMA,
+    control_plane_version, setup, setup_with, supported_version, SetupOptions, SetupReport,
+    CONTROL_SCHEMA,
 };
 /// Re-exported for [`RouterOptions::pool`].
 pub use deadpool_postgres;

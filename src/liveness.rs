@@ -16,9 +16,36 @@ use crate::control_plane::LOCK_NAMESPACE;
 use crate::error::{Error, Result};
 use crate::options::RouterOptions;
 
-/// What handles read on every call: atomics only, no lock.
+/// What an incarnation presents to the control-plane functions to act for its replica (G8):
+/// the secret `pgtenant.register` issued to it, which the database stores only hashed.
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) replica: String,
+    pub(crate) incarnation: i64,
+    secret: String,
+}
+
+impl Credentials {
+    pub(crate) fn secret(&self) -> &str {
+        &self.secret
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("replica", &self.replica)
+            .field("incarnation", &self.incarnation)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+/// What handles read on every call: atomics only, no lock (the credentials, read on control
+/// paths only, sit behind a mutex).
 pub(crate) struct Liveness {
     base: Instant,
+    credentials: std::sync::Mutex<Option<std::sync::Arc<Credentials>>>,
     /// Current incarnation; 0 while not registered.
     incarnation: AtomicI64,
     /// Local deadline of the current incarnation, in nanoseconds since `base`.
@@ -31,6 +58,7 @@ impl Liveness {
     pub(crate) fn new() -> Self {
         Liveness {
             base: Instant::now(),
+            credentials: std::sync::Mutex::new(None),
             incarnation: AtomicI64::new(0),
             deadline: AtomicU64::new(0),
             lapsed: AtomicBool::new(false),
@@ -54,7 +82,20 @@ impl Liveness {
         fresh
     }
 
-    pub(crate) fn begin(&self, incarnation: i64, deadline: Instant) {
+    /// The current incarnation's credentials; None while not registered.
+    pub(crate) fn credentials(&self) -> Option<std::sync::Arc<Credentials>> {
+        self.lock_credentials().clone()
+    }
+
+    fn lock_credentials(&self) -> std::sync::MutexGuard<'_, Option<std::sync::Arc<Credentials>>> {
+        self.credentials
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn begin(&self, credentials: Credentials, deadline: Instant) {
+        let incarnation = credentials.incarnation;
+        *self.lock_credentials() = Some(std::sync::Arc::new(credentials));
         self.deadline.store(self.nanos(deadline), Ordering::Release);
         self.lapsed.store(false, Ordering::Release);
         self.incarnation.store(incarnation, Ordering::Release);
@@ -71,6 +112,7 @@ impl Liveness {
     pub(crate) fn end(&self) {
         self.incarnation.store(0, Ordering::Release);
         self.deadline.store(0, Ordering::Release);
+        *self.lock_credentials() = None;
     }
 }
 
@@ -91,18 +133,14 @@ pub(crate) struct LeaseSession {
     pub(crate) client: Client,
     /// Fires when the connection ends (terminated, network gone, server restart).
     pub(crate) ended: oneshot::Receiver<()>,
-    pub(crate) incarnation: i64,
+    pub(crate) credentials: Credentials,
     /// When the registration statement was sent: the local deadline counts from here.
     pub(crate) registered_at: Instant,
 }
 
-/// clock_timestamp, not now(): a heartbeat that waited on the row past the expiry must see the
-/// expiry, or it would revive an incarnation whose tenants were already taken over.
-const HEARTBEAT_SQL: &str = "UPDATE pgtenant.replicas
-        SET expires_at = clock_timestamp() + $3::integer * interval '1 millisecond'
-      WHERE replica_id = $1 AND incarnation = $2 AND released_at IS NULL
-        AND expires_at > clock_timestamp() AND backend_pid = pg_backend_pid()
-  RETURNING incarnation";
+/// One heartbeat (`pgtenant.heartbeat`, V3): true when renewed, false when the incarnation
+/// expired or was replaced.
+const HEARTBEAT_SQL: &str = "SELECT pgtenant.heartbeat($1, $2, $3, $4)";
 
 pub(crate) fn millis(duration: Duration) -> i32 {
     i32::try_from(duration.as_millis()).unwrap_or(i32::MAX)
@@ -159,6 +197,7 @@ impl LeaseSession {
             .batch_execute(&format!(
                 "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
                  SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0;
+                 SET default_transaction_read_only = off;
                  LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}",
                 idle.as_secs().max(1)
             ))
@@ -193,13 +232,13 @@ impl LeaseSession {
             .host
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok());
-        let incarnation: i64 = client
+        let (incarnation, secret): (i64, String) = client
             .query_one(
-                "SELECT incarnation FROM pgtenant.register($1, $2, $3)",
+                "SELECT incarnation, secret FROM pgtenant.register($1, $2, $3)",
                 &[&options.replica_id, &millis(options.ttl), &host],
             )
             .await
-            .and_then(|row| row.try_get(0))
+            .and_then(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
             .map_err(|e| match e.code().map(|c| c.code()) {
                 Some("PTS01") => Error::NotASession(
                     e.as_db_error()
@@ -211,29 +250,43 @@ impl LeaseSession {
         Ok(LeaseSession {
             client,
             ended,
-            incarnation,
+            credentials: Credentials {
+                replica: options.replica_id.clone(),
+                incarnation,
+                secret,
+            },
             registered_at,
         })
     }
 
-    /// Marks the incarnation released so no one waits for its expiry and frees the liveness
-    /// lock before returning (a dropped connection frees it too, but only once the server has
-    /// processed the disconnect), then ends the session.
-    pub(crate) async fn deregister(self, replica_id: &str) {
+    pub(crate) fn incarnation(&self) -> i64 {
+        self.credentials.incarnation
+    }
+
+    /// Ends the incarnation (`pgtenant.deregister`: marked released so no one waits for its
+    /// expiry, every lease it still holds released) and frees the liveness lock before
+    /// returning (a dropped connection frees it too, but only once the server has processed
+    /// the disconnect), then ends the session.
+    pub(crate) async fn deregister(self) {
+        let credentials = &self.credentials;
         let result = self
             .client
-            .batch_execute(&format!(
-                "UPDATE pgtenant.replicas SET released_at = now(), expires_at = now()
-                  WHERE replica_id = {id} AND incarnation = {inc};
-                 INSERT INTO pgtenant.history (event, replica_id, incarnation) VALUES ('deregistered', {id}, {inc});
-                 SELECT pg_advisory_unlock_all()",
-                id = quote_literal(replica_id),
-                inc = self.incarnation
-            ))
+            .query_typed(
+                "SELECT pgtenant.deregister($1, $2, $3)",
+                &[
+                    (&credentials.replica, Type::TEXT),
+                    (&credentials.incarnation, Type::INT8),
+                    (&credentials.secret(), Type::TEXT),
+                ],
+            )
             .await;
         if let Err(error) = result {
-            tracing::debug!(%error, "deregistration failed; the lock goes with the session anyway");
+            tracing::warn!(error = %Error::db("deregister")(error), "deregistration failed; the lock goes with the session anyway");
         }
+        let _ = self
+            .client
+            .batch_execute("SELECT pg_advisory_unlock_all()")
+            .await;
     }
 }
 
@@ -309,27 +362,23 @@ async fn probe_for_pooler(
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.
 pub(crate) async fn heartbeat(
     client: &Client,
-    incarnation: i64,
+    credentials: &Credentials,
     options: &RouterOptions,
 ) -> Result<Option<()>> {
-    let row = client
-        .query_typed_opt(
+    let renewed: bool = client
+        .query_typed_one(
             HEARTBEAT_SQL,
             &[
-                (&options.replica_id, Type::TEXT),
-                (&incarnation, Type::INT8),
+                (&credentials.replica, Type::TEXT),
+                (&credentials.incarnation, Type::INT8),
+                (&credentials.secret(), Type::TEXT),
                 (&millis(options.ttl), Type::INT4),
             ],
         )
         .await
+        .and_then(|row| row.try_get(0))
         .map_err(Error::db("heartbeat"))?;
-    Ok(row.map(|_| ()))
-}
-
-/// The id is validated to `[A-Za-z0-9._:-]`, so quoting cannot be escaped; doubled quotes
-/// anyway, should that rule ever widen.
-fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
+    Ok(renewed.then_some(()))
 }
 
 async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
@@ -338,7 +387,7 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
             "SELECT l.pid, a.backend_start::text, r.host
                FROM pg_locks l
                LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-               LEFT JOIN pgtenant.replicas r ON r.replica_id = $3
+               LEFT JOIN pgtenant.replica_status r ON r.replica_id = $3
               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
                 AND l.classid = $1::integer::oid AND l.objid = $2::integer::oid
                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -38,6 +38,8 @@ pub struct RouterOptions {
     pub(crate) handoff_policy: HandoffPolicy,
     pub(crate) migrations: std::sync::Arc<Vec<refinery::Migration>>,
     pub(crate) statement_cache: bool,
+    pub(crate) read_only_data_sessions: bool,
+    pub(crate) stuck_timeout: Duration,
     pub(crate) connector: Connector,
 }
 
@@ -117,6 +119,8 @@ impl RouterOptions {
             handoff_policy: HandoffPolicy::Accept,
             migrations: std::sync::Arc::new(Vec::new()),
             statement_cache: true,
+            read_only_data_sessions: true,
+            stuck_timeout: Duration::from_secs(30),
             connector: Connector::default(),
         }
     }
@@ -257,6 +261,27 @@ impl RouterOptions {
         self
     }
 
+    /// Whether data-path sessions must be read-only by default (default true, DESIGN G6): only
+    /// the fenced transaction is `READ WRITE`, so work that ends it itself (`COMMIT`,
+    /// `ROLLBACK`) cannot write unfenced afterwards. pgtenant's own pool sets
+    /// `default_transaction_read_only` as a startup option; a pool given with
+    /// [`RouterOptions::pool`] is checked at start. Set false only where no session default
+    /// can hold (a transaction-mode pooler that drops startup options, with no role default):
+    /// then such work can write unfenced, and [`TenantHandle::run`](crate::TenantHandle::run)
+    /// still reports it as an error.
+    pub fn read_only_data_sessions(mut self, enabled: bool) -> Self {
+        self.read_only_data_sessions = enabled;
+        self
+    }
+
+    /// How long pgtenant waits for the server to answer one of its own statements in a fenced
+    /// transaction (`BEGIN`, `COMMIT`) before it closes the connection as stuck (default 30 s,
+    /// range 1 ms..=1 h): a connection that stopped answering never holds a pool slot.
+    pub fn stuck_timeout(mut self, timeout: Duration) -> Self {
+        self.stuck_timeout = timeout;
+        self
+    }
+
     /// Connects with TLS: the lease session, the pooler probe, the default data-path pool and
     /// cancel requests all use `tls` (default: no TLS, as `tokio_postgres::NoTls`). Any
     /// tokio-postgres connector fits, e.g. `tokio_postgres_rustls::MakeRustlsConnect` or
@@ -343,6 +368,7 @@ impl RouterOptions {
             ("drain_timeout", self.drain_timeout, hour),
             ("open_timeout", self.open_timeout, hour),
             ("reservation", self.reservation, Duration::from_secs(600)),
+            ("stuck_timeout", self.stuck_timeout, hour),
         ] {
             if value < ms || value > max {
                 return invalid(option, format!("{value:?} is outside {ms:?}..={max:?}"));

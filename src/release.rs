@@ -1,5 +1,6 @@
-//! Lease releases, batched: the releases that wait while one batch commits go together into the
-//! next, one transaction for all of them.
+//! Lease releases (DESIGN §5 "Handoff", "Abandon", "Close"): every call of `pgtenant.release`,
+//! batched. The releases that wait while one batch commits go together into the next, one
+//! transaction for all of them.
 //!
 //! Each release NOTIFYs `pgtenant_free`, and PostgreSQL serializes notifying commits (a
 //! database-wide lock held through the commit's WAL flush), so one release per transaction tops
@@ -7,28 +8,50 @@
 //! tenants and mass handoffs go at the rate of batches, while a lone release still goes out at
 //! once, in a batch of one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::Type;
 
+use crate::control;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
-use crate::liveness::millis;
-use crate::router::{pool_error, release_lease};
+use crate::liveness::{millis, Credentials};
+use crate::router::pool_error;
 
 /// At most this many releases per transaction: keeps row locks and the statement small.
 const MAX_BATCH: usize = 256;
+
+/// SQLSTATE of `pgtenant.release` when a reservation names a replica that is not alive.
+pub(crate) const SQLSTATE_NO_SUCH_REPLICA: &str = "PTH01";
+
+/// One release: the tenant, the lease's epoch, the journal event (`released`, `handed_off`),
+/// and an optional reservation (target replica, window).
+pub(crate) type Release<'a> = (&'a TenantId, i64, &'static str, Option<(&'a str, Duration)>);
 
 /// What [`ReleaseQueue::release`] asks of the batcher.
 struct Request {
     id: TenantId,
     epoch: i64,
-    incarnation: i64,
+    credentials: Arc<Credentials>,
     event: &'static str,
     reserve: Option<(String, Duration)>,
     reply: oneshot::Sender<Result<bool>>,
+}
+
+impl Request {
+    fn as_release(&self) -> Release<'_> {
+        (
+            &self.id,
+            self.epoch,
+            self.event,
+            self.reserve
+                .as_ref()
+                .map(|(replica, window)| (replica.as_str(), *window)),
+        )
+    }
 }
 
 /// The router's way to its release batcher, a task that lives as long as this queue.
@@ -37,20 +60,20 @@ pub(crate) struct ReleaseQueue {
 }
 
 impl ReleaseQueue {
-    /// Starts the batcher for `replica`'s releases on connections from `pool`.
-    pub(crate) fn start(pool: Pool, replica: String) -> ReleaseQueue {
+    /// Starts the batcher for releases on connections from `pool`.
+    pub(crate) fn start(pool: Pool) -> ReleaseQueue {
         let (requests, incoming) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool, replica, incoming));
+        tokio::spawn(run(pool, incoming));
         ReleaseQueue { requests }
     }
 
-    /// Releases the lease (`pgtenant.release`): `Ok(false)` when it was no longer this
-    /// incarnation's at this epoch. `reserve` keeps the tenant for a replica for a window.
+    /// Releases the lease: `Ok(false)` when it was no longer this incarnation's at this
+    /// epoch. `reserve` keeps the tenant for a live replica for a window.
     pub(crate) async fn release(
         &self,
         id: &TenantId,
         epoch: i64,
-        incarnation: i64,
+        credentials: &Arc<Credentials>,
         event: &'static str,
         reserve: Option<(&str, Duration)>,
     ) -> Result<bool> {
@@ -58,7 +81,7 @@ impl ReleaseQueue {
         let request = Request {
             id: id.clone(),
             epoch,
-            incarnation,
+            credentials: credentials.clone(),
             event,
             reserve: reserve.map(|(replica, window)| (replica.to_owned(), window)),
             reply,
@@ -71,74 +94,117 @@ impl ReleaseQueue {
     }
 }
 
-async fn run(pool: Pool, replica: String, mut incoming: mpsc::UnboundedReceiver<Request>) {
+async fn run(pool: Pool, mut incoming: mpsc::UnboundedReceiver<Request>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while incoming.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        if batch.len() == 1 {
-            for request in batch.drain(..) {
-                let outcome = release_one(&pool, &replica, &request).await;
-                let _ = request.reply.send(outcome);
-            }
-            continue;
+        // One order for every batch, so two transactions never lock tenant rows crosswise;
+        // one statement per incarnation, whose credentials it carries.
+        batch.sort_by(|a: &Request, b: &Request| {
+            (a.credentials.incarnation, a.id.key()).cmp(&(b.credentials.incarnation, b.id.key()))
+        });
+        while !batch.is_empty() {
+            let incarnation = batch[0].credentials.incarnation;
+            let same = batch
+                .iter()
+                .take_while(|r| r.credentials.incarnation == incarnation)
+                .count();
+            let group: Vec<Request> = batch.drain(..same).collect();
+            release_group(&pool, group).await;
         }
-        // One order for every batch, so two transactions never lock tenant rows crosswise.
-        batch.sort_by(|a, b| a.id.key().cmp(b.id.key()));
-        match release_batch(&pool, &replica, &batch).await {
-            Ok(released) => {
-                for (request, released) in batch.drain(..).zip(released) {
-                    let _ = request.reply.send(Ok(released));
-                }
+    }
+}
+
+async fn release_group(pool: &Pool, mut group: Vec<Request>) {
+    let outcome = {
+        let releases: Vec<Release<'_>> = group.iter().map(Request::as_release).collect();
+        release_on(pool, &group[0].credentials, &releases).await
+    };
+    match outcome {
+        Ok(released) => {
+            for (request, released) in group.into_iter().zip(released) {
+                let _ = request.reply.send(Ok(released));
             }
-            Err(error) => {
-                // Each release alone, so each caller gets its own outcome and error.
-                tracing::warn!(%error, size = batch.len(), "batched release failed; releasing one by one");
-                for request in batch.drain(..) {
-                    let outcome = release_one(&pool, &replica, &request).await;
-                    let _ = request.reply.send(outcome);
-                }
+        }
+        Err(error) if group.len() == 1 => {
+            if let Some(request) = group.pop() {
+                let _ = request.reply.send(Err(error));
+            }
+        }
+        Err(error) => {
+            // Each release alone, so each caller gets its own outcome and error.
+            tracing::warn!(%error, size = group.len(), "batched release failed; releasing one by one");
+            for request in group {
+                let outcome = release_on(pool, &request.credentials, &[request.as_release()])
+                    .await
+                    .map(|released| released.first().copied().unwrap_or(false));
+                let _ = request.reply.send(outcome);
             }
         }
     }
 }
 
-async fn release_batch(pool: &Pool, replica: &str, batch: &[Request]) -> Result<Vec<bool>> {
+async fn release_on(
+    pool: &Pool,
+    credentials: &Credentials,
+    releases: &[Release<'_>],
+) -> Result<Vec<bool>> {
     let client = pool.get().await.map_err(pool_error("release leases"))?;
-    let keys: Vec<&str> = batch.iter().map(|r| r.id.key()).collect();
-    let epochs: Vec<i64> = batch.iter().map(|r| r.epoch).collect();
-    let incarnations: Vec<i64> = batch.iter().map(|r| r.incarnation).collect();
-    let events: Vec<&str> = batch.iter().map(|r| r.event).collect();
-    let reserve_for: Vec<Option<&str>> = batch
+    release_now(&client, credentials, releases).await
+}
+
+/// Releases leases of one incarnation in one statement (one transaction: all of them commit,
+/// with one WAL flush, or none does): for each, true when released, false when the lease was
+/// no longer the caller's at that epoch.
+pub(crate) async fn release_now(
+    client: &tokio_postgres::Client,
+    credentials: &Credentials,
+    releases: &[Release<'_>],
+) -> Result<Vec<bool>> {
+    let keys: Vec<&str> = releases.iter().map(|r| r.0.key()).collect();
+    let epochs: Vec<i64> = releases.iter().map(|r| r.1).collect();
+    let events: Vec<&str> = releases.iter().map(|r| r.2).collect();
+    let reserve_for: Vec<Option<&str>> = releases
         .iter()
-        .map(|r| r.reserve.as_ref().map(|(replica, _)| replica.as_str()))
+        .map(|r| r.3.map(|(replica, _)| replica))
         .collect();
-    let reserve_ms: Vec<Option<i32>> = batch
+    let reserve_ms: Vec<Option<i32>> = releases
         .iter()
-        .map(|r| r.reserve.as_ref().map(|(_, window)| millis(*window)))
+        .map(|r| r.3.map(|(_, window)| millis(window)))
         .collect();
-    // One statement is one transaction: all of them commit, with one WAL flush, or none does.
-    let rows = client
-        .query_typed(
-            "SELECT r.ord, pgtenant.release(r.key, r.epoch, $1, r.incarnation, r.event,
-                                            r.reserve_for, r.reserve_ms)
-               FROM unnest($2::text[], $3::int8[], $4::int8[], $5::text[], $6::text[], $7::int4[])
-                    WITH ORDINALITY AS r(key, epoch, incarnation, event, reserve_for, reserve_ms, ord)
-              ORDER BY r.ord",
-            &[
-                (&replica, Type::TEXT),
-                (&keys, Type::TEXT_ARRAY),
-                (&epochs, Type::INT8_ARRAY),
-                (&incarnations, Type::INT8_ARRAY),
-                (&events, Type::TEXT_ARRAY),
-                (&reserve_for, Type::TEXT_ARRAY),
-                (&reserve_ms, Type::INT4_ARRAY),
-            ],
-        )
-        .await
-        .map_err(Error::db(format!("release {} leases", batch.len())))?;
-    let mut released = vec![false; batch.len()];
+    let secret = credentials.secret();
+    let context = || match releases {
+        [(id, ..)] => format!("release tenant {id}"),
+        _ => format!("release {} leases", releases.len()),
+    };
+    let rows = control::call(
+        client,
+        "SELECT ord, released FROM pgtenant.release($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[
+            (&credentials.replica, Type::TEXT),
+            (&credentials.incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&keys, Type::TEXT_ARRAY),
+            (&epochs, Type::INT8_ARRAY),
+            (&events, Type::TEXT_ARRAY),
+            (&reserve_for, Type::TEXT_ARRAY),
+            (&reserve_ms, Type::INT4_ARRAY),
+        ],
+    )
+    .await
+    .map_err(|error| match error.as_db_error() {
+        Some(db) if db.code().code() == SQLSTATE_NO_SUCH_REPLICA => Error::NoSuchReplica {
+            replica_id: releases
+                .iter()
+                .find_map(|r| r.3.map(|(replica, _)| replica.to_owned()))
+                .unwrap_or_default(),
+            message: db.message().to_owned(),
+        },
+        _ => Error::db(context())(error),
+    })?;
+    let mut released = vec![false; releases.len()];
     for row in rows {
-        let ord: i64 = row.try_get(0).map_err(Error::db("read a release"))?;
-        let ok: bool = row.try_get(1).map_err(Error::db("read a release"))?;
+        let ord: i64 = row.try_get(0).map_err(Error::db(context()))?;
+        let ok: bool = row.try_get(1).map_err(Error::db(context()))?;
         if let Some(slot) = usize::try_from(ord - 1)
             .ok()
             .and_then(|i| released.get_mut(i))
@@ -147,22 +213,4 @@ async fn release_batch(pool: &Pool, replica: &str, batch: &[Request]) -> Result<
         }
     }
     Ok(released)
-}
-
-async fn release_one(pool: &Pool, replica: &str, request: &Request) -> Result<bool> {
-    let client = pool.get().await.map_err(pool_error("release a lease"))?;
-    let reserve = request
-        .reserve
-        .as_ref()
-        .map(|(replica, window)| (replica.as_str(), *window));
-    release_lease(
-        &client,
-        &request.id,
-        request.epoch,
-        replica,
-        request.incarnation,
-        request.event,
-        reserve,
-    )
-    .await
 }

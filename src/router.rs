@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
 use tracing::{info, instrument, warn, Instrument};
 
+use crate::acquire::{after_failed_migration, migrate_existing};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{HandleInner, TenantHandle};
@@ -59,11 +60,15 @@ pub(crate) struct Shared {
     events: broadcast::Sender<Event>,
     notices: broadcast::Sender<Notice>,
     /// Tenants served or draining here.
-    handles: Mutex<HashMap<String, Arc<HandleInner>>>,
+    pub(crate) handles: Mutex<HashMap<String, Arc<HandleInner>>>,
     /// Releases of this router's leases, batched.
     pub(crate) releases: ReleaseQueue,
     /// Tenants being acquired, one gate per tenant so concurrent opens share one acquisition.
     opening: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Acquisition tasks running (they outlive an open that timed out); close() waits for them
+    /// so that no acquisition commits after the replica deregistered.
+    acquiring: std::sync::atomic::AtomicUsize,
+    acquired: tokio::sync::Notify,
     closed: AtomicBool,
 }
 
@@ -182,7 +187,7 @@ pub struct Summary {
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it: the maps it guards
 /// are consistent after every single operation.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -203,6 +208,53 @@ impl Shared {
         {
             handles.remove(handle.id.key());
         }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Refuses a handoff target that is not a registered, live replica, before anything
+    /// changes: a reservation for it would keep the tenant from everyone for the window.
+    pub(crate) async fn ensure_live_replica(&self, replica: &str) -> Result<()> {
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("check a handoff target"))?;
+        let alive: Option<bool> = client
+            .query_typed_opt(
+                "SELECT alive FROM pgtenant.replica_liveness WHERE replica_id = $1",
+                &[(&replica, Type::TEXT)],
+            )
+            .await
+            .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+            .map_err(Error::db(format!("check handoff target {replica}")))?;
+        match alive {
+            Some(true) => Ok(()),
+            Some(false) => Err(Error::NoSuchReplica {
+                replica_id: replica.to_owned(),
+                message: format!("replica {replica} is registered but not alive"),
+            }),
+            None => Err(Error::NoSuchReplica {
+                replica_id: replica.to_owned(),
+                message: format!("no replica {replica} has ever registered with this database"),
+            }),
+        }
+    }
+
+    /// Waits until no acquisition task runs, or `timeout`.
+    async fn acquisitions_done(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, async {
+            loop {
+                let done = self.acquired.notified();
+                if self.acquiring.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                done.await;
+            }
+        })
+        .await;
     }
 
     /// Every lease of the current incarnation is gone for good.
@@ -227,13 +279,18 @@ impl Router {
     pub async fn start(options: RouterOptions) -> Result<Router> {
         options.validate()?;
         let pool = match &options.pool {
-            Some(pool) => pool.clone(),
+            Some(pool) => {
+                if options.read_only_data_sessions {
+                    check_read_only(pool).await?;
+                }
+                pool.clone()
+            }
             None => build_pool(&options)?,
         };
         let (notices, _) = broadcast::channel(EVENT_BUFFER);
         let session = LeaseSession::open(&options, notices.clone()).await?;
         let (events, _) = broadcast::channel(EVENT_BUFFER);
-        let releases = ReleaseQueue::start(pool.clone(), options.replica_id.clone());
+        let releases = ReleaseQueue::start(pool.clone());
         let shared = Arc::new(Shared {
             idle_timeout_ms: millis(options.ttl).to_string(),
             options,
@@ -244,6 +301,8 @@ impl Router {
             handles: Mutex::new(HashMap::new()),
             releases,
             opening: Mutex::new(HashMap::new()),
+            acquiring: std::sync::atomic::AtomicUsize::new(0),
+            acquired: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
         });
         begin_incarnation(&shared, &session);
@@ -376,9 +435,11 @@ impl Router {
     async fn acquire_bounded(&self, id: &TenantId, create: bool) -> Result<TenantHandle> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (shared, task_id) = (self.shared.clone(), id.clone());
+        let running = Acquisition::begin(&shared);
         tokio::spawn(
             async move {
-                let result = acquire_now(&shared, &task_id, create).await;
+                let _running = running;
+                let result = crate::acquire::acquire_now(&shared, &task_id, create).await;
                 if let Err(Ok(late)) = tx.send(result) {
                     info!("open gave up before the lease arrived: releasing it");
                     let _ = late.abandon().await;
@@ -481,90 +542,10 @@ impl Router {
     /// trash (swept); [`Error::LeaseHeld`]; database errors.
     #[instrument(skip_all, fields(tenant = %id))]
     pub async fn restore(&self, id: &TenantId) -> Result<TenantHandle> {
-        let shared = &self.shared;
-        if shared.closed.load(Ordering::Acquire) {
+        if self.shared.is_closed() {
             return Err(Error::RouterClosed);
         }
-        let replica = &shared.options.replica_id;
-        let incarnation = shared.liveness.incarnation();
-        if incarnation == 0 {
-            return Err(Error::ReplicaDown {
-                replica_id: replica.clone(),
-            });
-        }
-        let context = || format!("restore tenant {id}");
-        let mut client = shared
-            .pool
-            .get()
-            .await
-            .map_err(pool_error("restore a tenant"))?;
-        let current: i64 = client
-            .query_opt(
-                "SELECT epoch FROM pgtenant.tenants WHERE key = $1",
-                &[&id.key()],
-            )
-            .await
-            .map_err(Error::db(context()))?
-            .map(|row| row.get(0))
-            .ok_or_else(|| Error::TenantNotFound {
-                tenant: id.key().to_owned(),
-                message: "never created".to_owned(),
-            })?;
-        let row = client
-            .query_one(
-                "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4)",
-                &[
-                    &id.key(),
-                    replica,
-                    &incarnation,
-                    &id.schema_name(current + 1),
-                ],
-            )
-            .await
-            .map_err(|error| match error.as_db_error() {
-                Some(db) if db.code().code() == "PTR01" => Error::RestoreRefused {
-                    tenant: id.key().to_owned(),
-                    reason: db.message().to_owned(),
-                },
-                _ => acquire_error(id, replica, error),
-            })?;
-        let (epoch, schema, version): (i64, String, i32) = (row.get(0), row.get(1), row.get(2));
-        let lock_key: i32 = row.get(3);
-        let migrated_from =
-            (i64::from(version) < shared.options.code_version()).then_some(i64::from(version));
-        if migrated_from.is_some() {
-            let migrated =
-                migrate_existing(shared, &mut client, id, (epoch, lock_key), &schema).await;
-            if let Err(error) = migrated {
-                return Err(after_failed_migration(shared, &client, id, epoch, error).await);
-            }
-        }
-        drop(client);
-        info!(epoch, %schema, "restored");
-        install_handle(
-            shared,
-            id,
-            (epoch, incarnation, lock_key, migrated_from),
-            schema.clone(),
-            Event::Restored {
-                tenant: id.key().to_owned(),
-                epoch,
-                schema,
-            },
-        )
-        .await
-    }
-
-    /// Clears a tenant's quarantine so it can be opened again; false when it was not
-    /// quarantined.
-    pub async fn clear_quarantine(&self, id: &TenantId) -> Result<bool> {
-        let client = self
-            .shared
-            .pool
-            .get()
-            .await
-            .map_err(pool_error("clear a quarantine"))?;
-        crate::admin::clear_quarantine(&**client, id, &self.shared.options.replica_id).await
+        crate::forget::restore(&self.shared, id).await
     }
 
     /// One tenant as the control plane sees it, with this replica's own view.
@@ -715,11 +696,22 @@ impl Router {
                 Err(error) => return failed(pool_error("migrate a tenant")(error)),
             };
             let lease = (inner.epoch, inner.lock_key);
-            return match migrate_existing(shared, &mut client, id, lease, inner.schema()).await {
+            let credentials = &inner.credentials;
+            let migrated =
+                migrate_existing(shared, &mut client, id, lease, credentials, inner.schema()).await;
+            return match migrated {
                 Ok(()) => MigrationOutcome::Migrated { from, to: code },
-                Err(error) => {
-                    failed(after_failed_migration(shared, &client, id, inner.epoch, error).await)
-                }
+                Err(error) => failed(
+                    after_failed_migration(
+                        shared,
+                        &client,
+                        id,
+                        Some(inner.epoch),
+                        credentials,
+                        error,
+                    )
+                    .await,
+                ),
             };
         }
         match self.open(id).await {
@@ -764,6 +756,12 @@ impl Router {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return CloseReport::default();
         }
+        // An acquisition in flight either fails or installs its handle, sees the router closed
+        // and gives the lease back: wait for them all before handing off and deregistering.
+        let options = &self.shared.options;
+        self.shared
+            .acquisitions_done(options.open_timeout.saturating_add(options.drain_timeout))
+            .await;
         let queue: Vec<Arc<HandleInner>> = lock(&self.shared.handles).values().cloned().collect();
         let queue = Mutex::new(queue.into_iter());
         let report = Mutex::new(CloseReport::default());
@@ -805,6 +803,24 @@ impl Router {
     }
 }
 
+/// One acquisition task running, counted until it ends (even by a panic).
+struct Acquisition(Arc<Shared>);
+
+impl Acquisition {
+    fn begin(shared: &Arc<Shared>) -> Acquisition {
+        shared.acquiring.fetch_add(1, Ordering::AcqRel);
+        Acquisition(shared.clone())
+    }
+}
+
+impl Drop for Acquisition {
+    fn drop(&mut self) {
+        if self.0.acquiring.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.acquired.notify_waiters();
+        }
+    }
+}
+
 /// Runs futures concurrently on this task and waits for all (no extra dependency for it).
 async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
     let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
@@ -817,217 +833,6 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Ite
         }
     })
     .await
-}
-
-/// Acquires the lease and registers the handle. Runs in its own task (see acquire_bounded).
-async fn acquire_now(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<TenantHandle> {
-    let replica = &shared.options.replica_id;
-    let incarnation = shared.liveness.incarnation();
-    if incarnation == 0 {
-        return Err(Error::ReplicaDown {
-            replica_id: replica.clone(),
-        });
-    }
-    let mut client = shared
-        .pool
-        .get()
-        .await
-        .map_err(pool_error("acquire a lease"))?;
-    let row = client
-        .query_typed_one(
-            "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
-               FROM pgtenant.acquire($1, $2, $3, $4, $5, $6)",
-            &[
-                (&id.key(), Type::TEXT),
-                (&id.organization(), Type::TEXT),
-                (&id.ledger(), Type::TEXT),
-                (replica, Type::TEXT),
-                (&incarnation, Type::INT8),
-                (&create, Type::BOOL),
-            ],
-        )
-        .await
-        .map_err(|e| acquire_error(id, replica, e))?;
-    let epoch: i64 = row.get(0);
-    let schema: Option<String> = row.get(1);
-    let previous: Option<String> = row.get(2);
-    let took_over: Option<String> = row.get(3);
-    if let Some(cause) = row.get::<_, Option<String>>(4) {
-        warn!(%cause, "tenant quarantined");
-        shared.emit(Event::Quarantined {
-            tenant: id.key().to_owned(),
-            cause: cause.clone(),
-        });
-        return Err(Error::Quarantined {
-            tenant: id.key().to_owned(),
-            cause,
-            repair: "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine".to_owned(),
-        });
-    }
-    tracing::Span::current().record("epoch", epoch);
-    let version = i64::from(row.get::<_, i32>(5));
-    let lock_key: i32 = row.get(6);
-    let code = shared.options.code_version();
-    let give_back = |client| async move {
-        let _ = release_lease(client, id, epoch, replica, incarnation, "released", None).await;
-    };
-    let mut migrated_from = None;
-    let schema = match schema {
-        Some(_) if version > code => {
-            give_back(&client).await;
-            return Err(Error::SchemaAhead {
-                tenant: id.key().to_owned(),
-                found: version,
-                supported: code,
-            });
-        }
-        Some(schema) => {
-            if version < code {
-                let migrated =
-                    migrate_existing(shared, &mut client, id, (epoch, lock_key), &schema).await;
-                if let Err(error) = migrated {
-                    return Err(after_failed_migration(shared, &client, id, epoch, error).await);
-                }
-                shared.emit(Event::Migrated {
-                    tenant: id.key().to_owned(),
-                    epoch,
-                    from: version,
-                    to: code,
-                });
-                migrated_from = Some(version);
-            }
-            schema
-        }
-        None => {
-            let schema = id.schema_name(epoch);
-            let lease = (replica.as_str(), incarnation);
-            let created = create_schema(shared, &mut client, id, epoch, lease, &schema).await;
-            if let Err(error) = created {
-                return Err(after_failed_migration(shared, &client, id, epoch, error).await);
-            }
-            shared.emit(Event::Created {
-                tenant: id.key().to_owned(),
-                epoch,
-                schema: schema.clone(),
-            });
-            schema
-        }
-    };
-    drop(client);
-    info!(epoch, took_over = ?took_over, "acquired");
-    install_handle(
-        shared,
-        id,
-        (epoch, incarnation, lock_key, migrated_from),
-        schema,
-        Event::Acquired {
-            tenant: id.key().to_owned(),
-            epoch,
-            took_over_from: took_over.and(previous),
-        },
-    )
-    .await
-}
-
-/// Registers a freshly acquired lease as this replica's handle.
-async fn install_handle(
-    shared: &Arc<Shared>,
-    id: &TenantId,
-    (epoch, incarnation, lock_key, migrated_from): (i64, i64, i32, Option<i64>),
-    schema: String,
-    event: Event,
-) -> Result<TenantHandle> {
-    let inner = Arc::new(HandleInner::new(
-        id.clone(),
-        (epoch, incarnation, lock_key, migrated_from),
-        schema,
-        shared.clone(),
-    ));
-    lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
-    shared.emit(event);
-    let handle = TenantHandle::from_inner(inner);
-    // Closed while acquiring: give it straight back rather than leak it.
-    if shared.closed.load(Ordering::Acquire) {
-        let _ = handle.abandon().await;
-        return Err(Error::RouterClosed);
-    }
-    Ok(handle)
-}
-
-/// A migration that failed quarantines the tenant (which also ends the lease); any other
-/// failure just gives the lease back.
-async fn after_failed_migration(
-    shared: &Shared,
-    client: &tokio_postgres::Client,
-    id: &TenantId,
-    epoch: i64,
-    error: Error,
-) -> Error {
-    let replica = &shared.options.replica_id;
-    let Error::MigrationFailed { cause } = error else {
-        let incarnation = shared.liveness.incarnation();
-        let _ = release_lease(client, id, epoch, replica, incarnation, "released", None).await;
-        return error;
-    };
-    let repair = "fix the migration (or the tenant's data it trips on) and deploy it, then clear the quarantine (Router::clear_quarantine)";
-    let quarantined = client
-        .execute(
-            "SELECT pgtenant.quarantine($1, $2, $3, $4)",
-            &[&id.key(), &cause, &repair, replica],
-        )
-        .await;
-    if let Err(db) = quarantined {
-        warn!(error = %Error::db("quarantine")(db), "could not record the quarantine");
-    }
-    warn!(%cause, "tenant quarantined");
-    shared.emit(Event::Quarantined {
-        tenant: id.key().to_owned(),
-        cause: cause.clone(),
-    });
-    Error::Quarantined {
-        tenant: id.key().to_owned(),
-        cause,
-        repair: repair.to_owned(),
-    }
-}
-
-/// Brings an existing tenant up to the code's version, in one fenced transaction.
-pub(crate) async fn migrate_existing(
-    shared: &Shared,
-    client: &mut deadpool_postgres::Object,
-    id: &TenantId,
-    (epoch, lock_key): (i64, i32),
-    schema: &str,
-) -> Result<()> {
-    let context = || format!("migrate tenant {id} at epoch {epoch}");
-    let tx = client.transaction().await.map_err(Error::db(context()))?;
-    tx.query_one(
-        "SELECT pgtenant.fence($1, $2, $3, $4)",
-        &[&id.key(), &epoch, &lock_key, &shared.idle_timeout_ms],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    let applied = crate::ledger::apply(&tx, &shared.options.migrations).await?;
-    let code = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
-    tx.execute(
-        "UPDATE pgtenant.tenants SET schema_version = $3 WHERE key = $1 AND epoch = $2",
-        &[&id.key(), &epoch, &code],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    tx.execute(
-        "INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, detail)
-         VALUES ($1, 'migrated', $2, $3, $4)",
-        &[
-            &id.key(),
-            &epoch,
-            &shared.options.replica_id,
-            &format!("{schema}: {}", applied.join(", ")),
-        ],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    tx.commit().await.map_err(Error::db(context()))
 }
 
 /// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
@@ -1095,7 +900,7 @@ impl Drop for Router {
 
 fn build_pool(options: &RouterOptions) -> Result<Pool> {
     let manager = options.connector.manager(
-        options.config.clone(),
+        data_session_config(options),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
@@ -1110,6 +915,58 @@ fn build_pool(options: &RouterOptions) -> Result<Pool> {
             option: "pool_size",
             reason: e.to_string(),
         })
+}
+
+/// The data-path connections' settings: read-only by default (G6: work that ends its fenced
+/// transaction cannot write afterwards; only the fenced transaction is READ WRITE), as a
+/// startup option, which RESET ALL keeps; and TCP keepalives, so a vanished server ends them.
+fn data_session_config(options: &RouterOptions) -> tokio_postgres::Config {
+    let mut config = options.config.clone();
+    if options.read_only_data_sessions {
+        let startup = match config.get_options() {
+            Some(existing) if !existing.trim().is_empty() => {
+                format!("{existing} -c default_transaction_read_only=on")
+            }
+            _ => "-c default_transaction_read_only=on".to_owned(),
+        };
+        config.options(startup);
+    }
+    config
+        .keepalives(true)
+        .keepalives_idle(options.keepalive_idle)
+        .keepalives_interval(Duration::from_secs(2))
+        .keepalives_retries(3);
+    config
+}
+
+/// A pool the application built must give read-only-by-default sessions (G6), from the
+/// connection's startup options or the role's or database's defaults, since pgtenant resets
+/// session settings between tenants.
+async fn check_read_only(pool: &Pool) -> Result<()> {
+    let client = pool
+        .get()
+        .await
+        .map_err(pool_error("check the data-path pool"))?;
+    let reset_value: String = client
+        .query_typed_one(
+            "SELECT reset_val FROM pg_settings WHERE name = 'default_transaction_read_only'",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db("check the data-path pool"))?;
+    if reset_value == "on" {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option: "pool",
+        reason: "its sessions are not read-only by default, so work that ends its fenced \
+                 transaction itself could write unfenced: add `options=-c default_transaction_read_only=on` \
+                 to the pool's connection config (or `ALTER ROLE <app> SET default_transaction_read_only = on` \
+                 behind a transaction-mode pooler, which drops startup options), or accept the risk \
+                 with RouterOptions::read_only_data_sessions(false)"
+            .to_owned(),
+    })
 }
 
 pub(crate) fn pool_error(
@@ -1127,151 +984,17 @@ pub(crate) fn pool_error(
     }
 }
 
-#[derive(serde::Deserialize)]
-struct HeldDetail {
-    owner: String,
-    epoch: i64,
-    owner_alive: bool,
-    expires_in_ms: Option<u64>,
-    reserved: bool,
-}
-
-fn acquire_error(id: &TenantId, replica: &str, error: tokio_postgres::Error) -> Error {
-    let Some(db) = error.as_db_error() else {
-        return Error::db(format!("acquire tenant {id}"))(error);
-    };
-    match db.code().code() {
-        "PTL01" => match db
-            .detail()
-            .and_then(|d| serde_json::from_str::<HeldDetail>(d).ok())
-        {
-            Some(held) => Error::LeaseHeld {
-                tenant: id.key().to_owned(),
-                owner: held.owner,
-                epoch: held.epoch,
-                owner_alive: held.owner_alive,
-                expires_in: held.expires_in_ms.map(Duration::from_millis),
-                reserved: held.reserved,
-            },
-            None => Error::db(format!("acquire tenant {id}"))(error),
-        },
-        "PTL02" => Error::ReplicaDown {
-            replica_id: replica.to_owned(),
-        },
-        "PTN01" => Error::TenantNotFound {
-            tenant: id.key().to_owned(),
-            message: db.message().to_owned(),
-        },
-        "PTQ01" => {
-            let detail: serde_json::Value = db
-                .detail()
-                .and_then(|d| serde_json::from_str(d).ok())
-                .unwrap_or_default();
-            let text = |k: &str| detail[k].as_str().unwrap_or("").to_owned();
-            Error::Quarantined {
-                tenant: id.key().to_owned(),
-                cause: text("cause"),
-                repair: text("repair"),
-            }
-        }
-        _ => Error::db(format!("acquire tenant {id}"))(error),
-    }
-}
-
-/// A new life's schema and the application's migrations, created under the lease in one
-/// transaction: all or nothing.
-async fn create_schema(
-    shared: &Shared,
-    client: &mut deadpool_postgres::Object,
-    id: &TenantId,
-    epoch: i64,
-    (replica, incarnation): (&str, i64),
-    schema: &str,
-) -> Result<()> {
-    let context = || format!("create schema {schema} for tenant {id}");
-    let tx = client.transaction().await.map_err(Error::db(context()))?;
-    let held = tx
-        .query_opt(
-            "SELECT 1 FROM pgtenant.tenants
-              WHERE key = $1 AND epoch = $2 AND owner = $3 AND owner_incarnation = $4 AND schema_name IS NULL
-              FOR UPDATE",
-            &[&id.key(), &epoch, &replica, &incarnation],
-        )
-        .await
-        .map_err(Error::db(context()))?;
-    if held.is_none() {
-        return Err(Error::LeaseLost {
-            tenant: id.key().to_owned(),
-            epoch,
-            reason: "lost while creating its schema",
-        });
-    }
-    // The name is derived from a validated id: [a-z0-9_] only, so it needs no quoting.
-    tx.batch_execute(&format!("CREATE SCHEMA {schema}"))
-        .await
-        .map_err(Error::db(context()))?;
-    tx.execute("SELECT set_config('search_path', $1, true)", &[&schema])
-        .await
-        .map_err(Error::db(context()))?;
-    crate::ledger::apply(&tx, &shared.options.migrations).await?;
-    let version = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
-    tx.execute(
-        "UPDATE pgtenant.tenants SET schema_name = $2, schema_version = $3 WHERE key = $1",
-        &[&id.key(), &schema, &version],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    tx.execute(
-        "INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
-         VALUES ($1, 'created', $2, $3, $4, $5)",
-        &[&id.key(), &epoch, &replica, &incarnation, &schema],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    tx.commit().await.map_err(Error::db(context()))
-}
-
-/// Clears the owner, optionally reserving the tenant for `reserve_for`; false when the lease
-/// was no longer held.
-pub(crate) async fn release_lease(
-    client: &tokio_postgres::Client,
-    id: &TenantId,
-    epoch: i64,
-    replica: &str,
-    incarnation: i64,
-    event: &str,
-    reserve: Option<(&str, Duration)>,
-) -> Result<bool> {
-    let reserve_for = reserve.map(|(replica, _)| replica);
-    let window = reserve.map(|(_, window)| millis(window));
-    client
-        .query_typed_one(
-            "SELECT pgtenant.release($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                (&id.key(), Type::TEXT),
-                (&epoch, Type::INT8),
-                (&replica, Type::TEXT),
-                (&incarnation, Type::INT8),
-                (&event, Type::TEXT),
-                (&reserve_for, Type::TEXT),
-                (&window, Type::INT4),
-            ],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(format!("release tenant {id}")))
-}
-
 fn begin_incarnation(shared: &Shared, session: &LeaseSession) {
     let options = &shared.options;
+    let incarnation = session.incarnation();
     shared.liveness.begin(
-        session.incarnation,
+        session.credentials.clone(),
         session.registered_at + options.ttl - options.effective_margin(),
     );
-    info!(incarnation = session.incarnation, "registered");
+    info!(incarnation, "registered");
     shared.emit(Event::Registered {
         replica: options.replica_id.clone(),
-        incarnation: session.incarnation,
+        incarnation,
     });
 }
 
@@ -1290,13 +1013,13 @@ async fn maintain(
         match heartbeat_until_end(&shared, &mut session, &mut shutdown).await {
             SessionEnd::Shutdown => {
                 shared.liveness.end();
-                session.deregister(&shared.options.replica_id).await;
+                session.deregister().await;
                 return;
             }
             SessionEnd::Lost(reason) => {
                 warn!(
                     reason,
-                    incarnation = session.incarnation,
+                    incarnation = session.incarnation(),
                     "incarnation lost"
                 );
                 shared.lose_incarnation(reason);
@@ -1346,7 +1069,7 @@ async fn heartbeat_until_end(
         let started = Instant::now();
         next = started + period;
         let outcome = tokio::select! {
-            outcome = tokio::time::timeout(period, heartbeat(&session.client, session.incarnation, options)) => outcome,
+            outcome = tokio::time::timeout(period, heartbeat(&session.client, &session.credentials, options)) => outcome,
             _ = &mut session.ended => return SessionEnd::Lost("lease session dropped"),
             _ = shutdown.changed() => return SessionEnd::Shutdown,
         };
@@ -1358,15 +1081,15 @@ async fn heartbeat_until_end(
                     .renewed(started + options.ttl - options.effective_margin());
                 if resumed {
                     info!(
-                        incarnation = session.incarnation,
+                        incarnation = session.incarnation(),
                         "heartbeat resumed service"
                     );
                     shared.emit(Event::Resumed {
-                        incarnation: session.incarnation,
+                        incarnation: session.incarnation(),
                     });
                 }
                 shared.emit(Event::Renewed {
-                    incarnation: session.incarnation,
+                    incarnation: session.incarnation(),
                 });
             }
             Ok(Ok(None)) => {

@@ -1,5 +1,7 @@
 //! Control plane: idempotent, concurrent-safe setup; newer databases refused; views readable.
 
+mod support;
+
 use pgtenant::{setup, supported_version, Error};
 use pgtenant_testkit::TestDatabase;
 
@@ -26,7 +28,8 @@ async fn setup_twice_creates_once_then_does_nothing() {
         first.applied,
         vec![
             "V1__control_plane".to_owned(),
-            "V2__owner_index_with_key".to_owned()
+            "V2__owner_index_with_key".to_owned(),
+            "V3__least_privilege_and_hygiene".to_owned(),
         ]
     );
     assert_eq!(first.version, supported_version());
@@ -60,7 +63,7 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
         assert_eq!(report.version, supported_version());
         applied += report.applied.len();
     }
-    assert_eq!(applied, 2, "exactly one setup applies the two migrations");
+    assert_eq!(applied, 3, "exactly one setup applies the three migrations");
     assert_eq!(
         count(
             &client,
@@ -76,16 +79,7 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
 #[tokio::test]
 async fn a_control_plane_at_version_1_is_upgraded_in_place() {
     let (db, mut client) = fresh().await;
-    setup(&mut client).await.expect("setup");
-    // Back to what V1 left: its owner index, and no record of V2.
-    client
-        .batch_execute(
-            "DROP INDEX pgtenant.tenants_owner;
-             CREATE INDEX tenants_owner ON pgtenant.tenants (owner, owner_incarnation) WHERE owner IS NOT NULL;
-             DELETE FROM pgtenant.refinery_schema_history WHERE version > 1",
-        )
-        .await
-        .unwrap();
+    support::control_plane_at(&mut client, 1).await;
     assert_eq!(pgtenant::control_plane_version(&client).await.unwrap(), 1);
     match pgtenant::Router::start(pgtenant::RouterOptions::from_url("early", db.url()).unwrap())
         .await
@@ -96,7 +90,13 @@ async fn a_control_plane_at_version_1_is_upgraded_in_place() {
     }
 
     let upgrade = setup(&mut client).await.expect("upgrade");
-    assert_eq!(upgrade.applied, vec!["V2__owner_index_with_key".to_owned()]);
+    assert_eq!(
+        upgrade.applied,
+        vec![
+            "V2__owner_index_with_key".to_owned(),
+            "V3__least_privilege_and_hygiene".to_owned()
+        ]
+    );
     let columns: String = client
         .query_one(
             "SELECT pg_get_indexdef('pgtenant.tenants_owner'::regclass)",

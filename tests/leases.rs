@@ -189,7 +189,7 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
     create_log(&handle).await;
     let schema = handle.schema().to_owned();
 
-    // Inside: search_path is the tenant's schema only.
+    // Inside: search_path is the tenant's schema only, then pg_temp.
     let seen: String = handle
         .run(|tx| {
             Box::pin(
@@ -198,7 +198,8 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
         })
         .await
         .unwrap();
-    assert_eq!(seen, schema);
+    // pg_temp named last: a temp object never shadows a ledger table (G6).
+    assert_eq!(seen, format!("{schema}, pg_temp"));
 
     // The caller's own error type flows back, and its transaction rolls back.
     #[derive(Debug)]

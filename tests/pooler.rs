@@ -149,7 +149,16 @@ async fn a_lease_session_behind_transaction_pooling_is_refused() {
 
 #[tokio::test]
 async fn the_data_path_works_behind_transaction_pooling() {
-    let (db, _client) = database().await;
+    let (db, client) = database().await;
+    // Behind a transaction-mode pooler no startup option reaches the server: data sessions
+    // are read-only by default through the database's (or the role's) default instead.
+    client
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{}\" SET default_transaction_read_only = on",
+            db.name()
+        ))
+        .await
+        .expect("database default");
     let bouncer = Bouncer::start(&db.config(), "");
     let manager = Manager::from_config(
         bouncer.config(db.name()),
@@ -186,7 +195,7 @@ async fn the_data_path_works_behind_transaction_pooling() {
         })
         .await
         .unwrap();
-    assert_eq!(path, handle.schema());
+    assert_eq!(path, format!("{}, pg_temp", handle.schema()));
     // Outside a fenced transaction the pooled backends keep no tenant search_path.
     let plain = router.pool().get().await.unwrap();
     let outside: String = plain

@@ -293,6 +293,7 @@ async fn concurrent_directed_handoffs_share_transactions_and_keep_their_reservat
     const TENANTS: usize = 16;
     let (db, client) = database().await;
     let router = router_named(&db, "giver").await;
+    let heir = router_named(&db, "heir").await;
     let ids: Vec<_> = (0..TENANTS).map(|i| tenant(&format!("gift-{i}"))).collect();
     let handles: Vec<_> =
         support::join_all(ids.iter().map(|id| router.open_or_create(id)).collect())
@@ -330,6 +331,7 @@ async fn concurrent_directed_handoffs_share_transactions_and_keep_their_reservat
         "every tenant is reserved for its heir"
     );
     router.close().await;
+    heir.close().await;
 }
 
 /// A release that fails inside a batch fails alone: the batch is retried one by one, so the
@@ -588,9 +590,13 @@ async fn a_tenant_whose_schema_vanished_is_quarantined_until_cleared() {
         .batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
         .unwrap(); // the repair
-    assert!(router.clear_quarantine(&id).await.unwrap());
+    assert!(pgtenant::clear_quarantine(&client, &id, "operator")
+        .await
+        .unwrap());
     assert!(
-        !router.clear_quarantine(&id).await.unwrap(),
+        !pgtenant::clear_quarantine(&client, &id, "operator")
+            .await
+            .unwrap(),
         "nothing left to clear"
     );
     router

@@ -45,7 +45,9 @@ async fn setup_twice_then_status() {
     let first = pgtenant(&["setup", "--database-url", url]);
     assert!(first.status.success(), "{}", text(&first));
     assert!(
-        text(&first).contains("applied V1__control_plane, V2__owner_index_with_key"),
+        text(&first).contains(
+            "applied V1__control_plane, V2__owner_index_with_key, V3__least_privilege_and_hygiene"
+        ),
         "{}",
         text(&first)
     );
@@ -173,7 +175,7 @@ async fn tenants_show_trash_sweep_migrate_and_clear() {
 
     let shown = text(&pgtenant(&["show", "acme/books", "--database-url", url]));
     assert!(
-        shown.contains("schema: t_acme_books_1_") && shown.contains("version: 0"),
+        shown.contains("schema: t_acme__books_1_") && shown.contains("version: 0"),
         "{shown}"
     );
     let hostile = pgtenant(&[
@@ -212,7 +214,7 @@ async fn tenants_show_trash_sweep_migrate_and_clear() {
     assert_eq!(value["version"], 1);
 
     let trash = text(&pgtenant(&["trash", "--database-url", url]));
-    assert!(trash.contains("trash_t_acme_sales_1_"), "{trash}");
+    assert!(trash.contains("trash_t_acme__sales_1_"), "{trash}");
     let kept = text(&pgtenant(&["sweep", "--database-url", url]));
     assert!(
         kept.contains("swept 0 schema(s)") && kept.contains("kept 1"),
@@ -286,27 +288,32 @@ async fn tls_follows_sslmode_and_pgsslrootcert() {
 async fn status_points_an_outdated_control_plane_to_setup() {
     let db = TestDatabase::create().await.expect("test database");
     let url = db.url();
-    assert!(pgtenant(&["setup", "--database-url", url]).status.success());
-    let client = db.connect().await.expect("connect");
+    // A control plane exactly as the first release set it up: its migration, by refinery.
+    let mut client = db.connect().await.expect("connect");
     client
-        .batch_execute(
-            "DROP INDEX pgtenant.tenants_owner;
-             CREATE INDEX tenants_owner ON pgtenant.tenants (owner, owner_incarnation) WHERE owner IS NOT NULL;
-             DELETE FROM pgtenant.refinery_schema_history WHERE version > 1",
-        )
+        .batch_execute("CREATE SCHEMA pgtenant")
         .await
-        .expect("back to version 1");
+        .expect("schema");
+    let first_release = [refinery::Migration::unapplied(
+        "V1__control_plane",
+        include_str!("../../migrations/V1__control_plane.sql"),
+    )
+    .expect("migration")];
+    let mut runner = refinery::Runner::new(&first_release);
+    runner.set_migration_table_name("pgtenant.refinery_schema_history");
+    runner.run_async(&mut client).await.expect("version 1");
     let status = pgtenant(&["status", "--database-url", url]);
     assert!(status.status.success(), "{}", text(&status));
     assert!(
-        text(&status).contains("control plane version 1: this pgtenant needs 2")
+        text(&status).contains("control plane version 1: this pgtenant needs 3")
             && text(&status).contains("pgtenant setup"),
         "{}",
         text(&status)
     );
     let upgrade = pgtenant(&["setup", "--database-url", url]);
     assert!(
-        text(&upgrade).contains("applied V2__owner_index_with_key"),
+        text(&upgrade)
+            .contains("applied V2__owner_index_with_key, V3__least_privilege_and_hygiene"),
         "{}",
         text(&upgrade)
     );

@@ -20,6 +20,38 @@ pub async fn database() -> (TestDatabase, tokio_postgres::Client) {
     (db, client)
 }
 
+/// The control-plane migrations of every release, in order.
+const CONTROL_PLANE: [(&str, &str); 3] = [
+    (
+        "V1__control_plane",
+        include_str!("../../migrations/V1__control_plane.sql"),
+    ),
+    (
+        "V2__owner_index_with_key",
+        include_str!("../../migrations/V2__owner_index_with_key.sql"),
+    ),
+    (
+        "V3__least_privilege_and_hygiene",
+        include_str!("../../migrations/V3__least_privilege_and_hygiene.sql"),
+    ),
+];
+
+/// Sets up the control plane exactly as the release whose newest migration is `version` did:
+/// the same files, applied by refinery, so the next `pgtenant::setup` sees a real old database.
+pub async fn control_plane_at(client: &mut tokio_postgres::Client, version: usize) {
+    client
+        .batch_execute("CREATE SCHEMA IF NOT EXISTS pgtenant")
+        .await
+        .expect("schema");
+    let migrations: Vec<refinery::Migration> = CONTROL_PLANE[..version]
+        .iter()
+        .map(|(name, sql)| refinery::Migration::unapplied(name, sql).expect("migration"))
+        .collect();
+    let mut runner = refinery::Runner::new(&migrations);
+    runner.set_migration_table_name("pgtenant.refinery_schema_history");
+    runner.run_async(client).await.expect("old control plane");
+}
+
 pub fn options(url: &str, replica: &str) -> RouterOptions {
     RouterOptions::from_url(replica, url)
         .expect("url")

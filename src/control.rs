@@ -1,0 +1,36 @@
+//! Control-plane calls on data-path connections.
+//!
+//! Data sessions start read-only (`default_transaction_read_only`, G6), and a previous user of
+//! a pooled connection may have left session state behind (a `SET ROLE` under which the
+//! control-plane functions are not executable, a `statement_timeout` of 1 ms). So every call
+//! of a control-plane function on a pooled connection runs in its own `READ WRITE`
+//! transaction, after `pgtenant.reset_session`, and all four statements travel in one flight:
+//! one round trip, as the bare call took before.
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+/// Begins a read-write transaction on a clean session. `reset_session(NULL)` also marks the
+/// session as serving no tenant, so the next fence on this connection scrubs it again.
+pub(crate) const BEGIN_CLEAN: &str = "BEGIN READ WRITE; SELECT pgtenant.reset_session(NULL)";
+
+/// Runs `sql` (one statement, typed parameters) in its own read-write transaction on a clean
+/// session, in one round trip. The error is the first statement's that failed: after it the
+/// transaction is aborted and COMMIT turns into ROLLBACK, so nothing of the call stays behind.
+pub(crate) async fn call(
+    client: &Client,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    // join! polls in order, and each request goes on the wire at its first poll: the
+    // statements leave together and PostgreSQL runs them in order.
+    let (begun, rows, committed) = tokio::join!(
+        client.batch_execute(BEGIN_CLEAN),
+        client.query_typed(sql, params),
+        client.batch_execute("COMMIT"),
+    );
+    begun?;
+    let rows = rows?;
+    committed?;
+    Ok(rows)
+}
