@@ -148,6 +148,10 @@ async fn no_duration_or_count_panics_and_every_refusal_names_option_value_and_ra
                 let at_an_end = duration.is_zero() || duration == Duration::MAX;
                 assert!(!(at_an_end && accepted), "{option} = {label} was accepted");
             }
+            // One second is a sane value for all but the heartbeat (above ttl/2 here).
+            if label == "typical" && option != "heartbeat_period" {
+                assert!(accepted, "{option} = {label} was refused");
+            }
         }
     }
     type Count = fn(RouterOptions, usize) -> RouterOptions;
