@@ -39,6 +39,22 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// Opening a connection did not finish within
+    /// [`RouterOptions::connect_timeout`](crate::RouterOptions::connect_timeout): the TCP
+    /// connect, TLS, startup and authentication (and, for the lease session, the replica's
+    /// registration) together. Retryable.
+    #[error(
+        "{context}: no answer within {timeout:?}: the server did not finish connecting (TCP, TLS, startup, \
+         authentication) in time; check that host and port point at a PostgreSQL server that is up, \
+         or raise RouterOptions::connect_timeout; retry later"
+    )]
+    ConnectTimeout {
+        /// What pgtenant was connecting for, and where.
+        context: String,
+        /// The bound that was reached.
+        timeout: std::time::Duration,
+    },
+
     /// No connection could be had from the pool in time, or the pool is closed.
     #[error("{context}: no database connection: {reason}")]
     Pool {
@@ -182,8 +198,13 @@ pub enum Error {
         epoch: i64,
     },
 
-    /// The replica is not registered right now (its lease session is down and reconnecting).
-    #[error("replica {replica_id} is not registered right now: the database is unreachable or the lease session dropped; retry shortly")]
+    /// The replica is not registered right now (its lease session dropped and it is
+    /// registering again). [`Router::summary`](crate::Router::summary) and
+    /// [`Event::RegistrationFailed`](crate::Event::RegistrationFailed) say why it has not yet.
+    #[error(
+        "replica {replica_id} is not registered right now: its lease session dropped and it is registering \
+         again (Router::summary and Event::RegistrationFailed say why it has not yet); retry shortly"
+    )]
     ReplicaDown {
         /// The replica id.
         replica_id: String,
@@ -326,6 +347,7 @@ impl Error {
         match self {
             Error::Database { source, .. } => is_unavailable(source),
             Error::Pool { .. }
+            | Error::ConnectTimeout { .. }
             | Error::ExpiredLocally { .. }
             | Error::ReplicaDown { .. }
             | Error::Draining { .. }
@@ -345,6 +367,39 @@ impl Error {
 
     pub(crate) fn stuck(context: &'static str, timeout: std::time::Duration) -> Error {
         Error::ConnectionStuck { context, timeout }
+    }
+
+    /// A copy of an error that keeps a replica from registering until someone acts (a control
+    /// plane of another version, the replica id taken, a pooler, an option); None for the
+    /// rest, which may pass by themselves.
+    pub(crate) fn lasting_copy(&self) -> Option<Error> {
+        Some(match self {
+            Error::ControlPlaneTooNew { found, supported } => Error::ControlPlaneTooNew {
+                found: *found,
+                supported: *supported,
+            },
+            Error::ControlPlaneOutdated { found, needed } => Error::ControlPlaneOutdated {
+                found: *found,
+                needed: *needed,
+            },
+            Error::ReplicaIdInUse {
+                replica_id,
+                holder_pid,
+                since,
+                host,
+            } => Error::ReplicaIdInUse {
+                replica_id: replica_id.clone(),
+                holder_pid: *holder_pid,
+                since: since.clone(),
+                host: host.clone(),
+            },
+            Error::NotASession(why) => Error::NotASession(why.clone()),
+            Error::InvalidOption { option, reason } => Error::InvalidOption {
+                option,
+                reason: reason.clone(),
+            },
+            _ => return None,
+        })
     }
 
     pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
@@ -369,8 +424,9 @@ pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
         return true;
     }
     match error.code() {
-        // No server answer at all: connect refused, reset, timed out, TLS or protocol I/O.
-        None => error.as_db_error().is_none(),
+        // No server answer at all: connect refused, reset, timed out, TLS or protocol I/O;
+        // but not what this side got wrong, which no retry fixes.
+        None => error.as_db_error().is_none() && !is_local_mistake(error),
         Some(code) => {
             let code = code.code();
             // 08: connection exception; 53: insufficient resources (too many connections,
@@ -381,6 +437,24 @@ pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
                 || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
         }
     }
+}
+
+/// A failure of this side's own making, found in the error's causes: TLS demanded
+/// (`sslmode=require`) without a TLS connector, or a value the protocol cannot carry (a NUL
+/// byte in a name), which tokio-postgres reports as `InvalidInput`.
+fn is_local_mistake(error: &tokio_postgres::Error) -> bool {
+    causes(error).any(|cause| {
+        cause.is::<tokio_postgres::tls::NoTlsError>()
+            || cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidInput)
+    })
+}
+
+fn causes<'a>(
+    error: &'a tokio_postgres::Error,
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(std::error::Error::source(error), |cause| cause.source())
 }
 
 /// Renders what tokio-postgres' own Display leaves out: the server's SQLSTATE, message,
@@ -400,10 +474,15 @@ impl fmt::Display for DbCause<'_> {
             return Ok(());
         }
         write!(f, "{}", self.0)?;
-        let mut cause = std::error::Error::source(self.0);
-        while let Some(inner) = cause {
-            write!(f, ": {inner}")?;
-            cause = inner.source();
+        for cause in causes(self.0) {
+            write!(f, ": {cause}")?;
+        }
+        if causes(self.0).any(|cause| cause.is::<tokio_postgres::tls::NoTlsError>()) {
+            write!(
+                f,
+                "; the connection requires TLS (sslmode=require) but has no TLS connector: give \
+                 pgtenant one with RouterOptions::tls, or connect with sslmode=prefer or disable"
+            )?;
         }
         Ok(())
     }

@@ -36,7 +36,9 @@ pub enum Event {
         /// The schema.
         schema: String,
     },
-    /// A heartbeat succeeded.
+    /// A heartbeat succeeded. Published only with
+    /// [`RouterOptions::renewal_events`](crate::RouterOptions::renewal_events), since it comes
+    /// every heartbeat period.
     Renewed {
         /// The incarnation renewed.
         incarnation: i64,
@@ -45,6 +47,18 @@ pub enum Event {
     RenewFailed {
         /// Why.
         reason: String,
+    },
+    /// Registering a new incarnation failed after the lease session dropped; the replica
+    /// serves nothing meanwhile and tries again after `retry_in_ms`.
+    RegistrationFailed {
+        /// Why, e.g. the database is unreachable, or its control plane is newer than this
+        /// library ([`Error::ControlPlaneTooNew`](crate::Error::ControlPlaneTooNew)).
+        reason: String,
+        /// Whether it may pass by itself ([`Error::is_retryable`](crate::Error::is_retryable));
+        /// false means someone must act, e.g. deploy a newer pgtenant.
+        retryable: bool,
+        /// When the next attempt comes, in milliseconds.
+        retry_in_ms: u64,
     },
     /// A heartbeat succeeded after the local deadline had passed: handles serve again.
     Resumed {

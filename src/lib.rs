@@ -73,6 +73,7 @@ pub use admin::{
     clear_quarantine, list_tenants, list_trash, parse_duration, show_tenant, sweep, SweepOptions,
     SweepReport, TenantQuery, TenantRecord, TrashRecord, TENANT_STATES,
 };
+pub use connect::DEFAULT_CONNECT_TIMEOUT;
 pub use control_plane::{
     control_plane_version, setup, setup_with, supported_version, SetupOptions, SetupReport,
     CONTROL_SCHEMA,

@@ -155,10 +155,9 @@ impl LeaseSession {
         notices: broadcast::Sender<Notice>,
     ) -> Result<LeaseSession> {
         let mut config = options.config.clone();
-        let idle = options.keepalive_idle;
         config
             .keepalives(true)
-            .keepalives_idle(idle)
+            .keepalives_idle(options.keepalive_idle)
             .keepalives_interval(Duration::from_secs(2))
             .keepalives_retries(3)
             .application_name(format!("pgtenant lease {}", options.replica_id));
@@ -167,9 +166,8 @@ impl LeaseSession {
         }
         let (client, mut messages) = options
             .connector
-            .connect(config.clone())
-            .await
-            .map_err(Error::db("open the lease session"))?;
+            .connect(config.clone(), "open the lease session")
+            .await?;
         let (tx, ended) = oneshot::channel();
         tokio::spawn(async move {
             loop {
@@ -190,63 +188,23 @@ impl LeaseSession {
             }
             let _ = tx.send(());
         });
-        // Server side keepalives too, so the server drops a vanished client's session (and its
-        // liveness lock) within idle + 2 s × 3, not the kernel's two hours. Session SETs are
-        // fine here: this connection is never pooled.
-        client
-            .batch_execute(&format!(
-                "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
-                 SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0;
-                 SET default_transaction_read_only = off;
-                 LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}",
-                idle.as_secs().max(1)
-            ))
-            .await
-            .map_err(Error::db("configure the lease session"))?;
-
-        // Before the control plane is read: behind a transaction pooler the check below could
-        // fail on a prepared statement the pooler lost, hiding the real cause.
-        probe_for_pooler(&client, &config, &options.connector).await?;
-        crate::control_plane::ensure_current(&client).await?;
-        let lock_key: i32 = client
-            .query_one(
-                "SELECT pgtenant.replica_lock_key($1)",
-                &[&options.replica_id],
-            )
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(Error::db("look up the replica's lock key"))?;
-        let locked: bool = client
-            .query_one(
-                "SELECT pg_try_advisory_lock($1, $2)",
-                &[&LOCK_NAMESPACE, &lock_key],
-            )
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(Error::db("take the replica's liveness lock"))?;
-        if !locked {
-            return Err(in_use(&client, &options.replica_id, lock_key).await);
-        }
-        let registered_at = Instant::now();
-        let host = options
-            .host
-            .clone()
-            .or_else(|| std::env::var("HOSTNAME").ok());
-        let (incarnation, secret): (i64, String) = client
-            .query_one(
-                "SELECT incarnation, secret FROM pgtenant.register($1, $2, $3)",
-                &[&options.replica_id, &millis(options.ttl), &host],
-            )
-            .await
-            .and_then(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-            .map_err(|e| match e.code().map(|c| c.code()) {
-                Some("PTS01") => Error::NotASession(
-                    e.as_db_error()
-                        .map(|db| format!("{} ({})", db.message(), db.hint().unwrap_or_default()))
-                        .unwrap_or_default(),
-                ),
-                _ => Error::db("register the replica")(e),
-            })?;
+        // A server that finished the handshake can still stall here (a lock held by another
+        // session, a server that stopped answering), and re-registration must not wait forever.
+        let bound = options.connector.timeout;
+        let registered = tokio::time::timeout(bound, register(&client, &config, options)).await;
+        let (incarnation, secret, registered_at) = match registered {
+            Ok(registered) => registered?,
+            Err(_) => {
+                return Err(Error::ConnectTimeout {
+                    context: format!(
+                        "register replica {} on its lease session ({})",
+                        options.replica_id,
+                        crate::connect::target(&config)
+                    ),
+                    timeout: bound,
+                })
+            }
+        };
         Ok(LeaseSession {
             client,
             ended,
@@ -290,6 +248,74 @@ impl LeaseSession {
     }
 }
 
+/// Configures a fresh lease session, probes it for a pooler, checks the control plane, takes
+/// the liveness lock and registers a new incarnation: (incarnation, when registration began).
+async fn register(
+    client: &Client,
+    config: &tokio_postgres::Config,
+    options: &RouterOptions,
+) -> Result<(i64, String, Instant)> {
+    let idle = options.keepalive_idle;
+    // Server side keepalives too, so the server drops a vanished client's session (and its
+    // liveness lock) within idle + 2 s × 3, not the kernel's two hours. Session SETs are fine
+    // here: this connection is never pooled.
+    client
+            .batch_execute(&format!(
+                "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
+                 SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0;
+                 SET default_transaction_read_only = off;
+                 LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}",
+                idle.as_secs().max(1)
+            ))
+            .await
+            .map_err(Error::db("configure the lease session"))?;
+
+    // Before the control plane is read: behind a transaction pooler the check below could
+    // fail on a prepared statement the pooler lost, hiding the real cause.
+    probe_for_pooler(client, config, &options.connector).await?;
+    crate::control_plane::ensure_current(client).await?;
+    let lock_key: i32 = client
+        .query_one(
+            "SELECT pgtenant.replica_lock_key($1)",
+            &[&options.replica_id],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db("look up the replica's lock key"))?;
+    let locked: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, $2)",
+            &[&LOCK_NAMESPACE, &lock_key],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db("take the replica's liveness lock"))?;
+    if !locked {
+        return Err(in_use(client, &options.replica_id, lock_key).await);
+    }
+    let registered_at = Instant::now();
+    let host = options
+        .host
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok());
+    let (incarnation, secret): (i64, String) = client
+        .query_one(
+            "SELECT incarnation, secret FROM pgtenant.register($1, $2, $3)",
+            &[&options.replica_id, &millis(options.ttl), &host],
+        )
+        .await
+        .and_then(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .map_err(|e| match e.code().map(|c| c.code()) {
+            Some("PTS01") => Error::NotASession(
+                e.as_db_error()
+                    .map(|db| format!("{} ({})", db.message(), db.hint().unwrap_or_default()))
+                    .unwrap_or_default(),
+            ),
+            _ => Error::db("register the replica")(e),
+        })?;
+    Ok((incarnation, secret, registered_at))
+}
+
 /// Refuses a lease session that does not own its backend. Behind a transaction- or
 /// statement-mode pooler, a session's backend goes back to the pool after every statement. So
 /// while a second client holds a transaction, the lease session must keep its own backend and
@@ -326,10 +352,7 @@ async fn probe_for_pooler(
             "the lease session's statements ran on two backends (pids {lease_pid} and {pid})"
         ))
     };
-    let (mut probe, messages) = connector
-        .connect(config.clone())
-        .await
-        .map_err(Error::db(CONTEXT))?;
+    let (mut probe, messages) = connector.connect(config.clone(), CONTEXT).await?;
     let driver = tokio::spawn(crate::connect::drive(messages));
     let verdict = async {
         for _ in 0..ROUNDS {

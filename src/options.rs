@@ -1,7 +1,9 @@
 //! Router options, validated before anything starts.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
+use tokio_postgres::config::SslMode;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
@@ -41,6 +43,8 @@ pub struct RouterOptions {
     pub(crate) read_only_data_sessions: bool,
     pub(crate) stuck_timeout: Duration,
     pub(crate) connector: Connector,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) renewal_events: bool,
 }
 
 /// What the owner does when another replica asks for one of its tenants with
@@ -63,6 +67,7 @@ impl std::fmt::Debug for RouterOptions {
             .field("ttl", &self.ttl)
             .field("margin", &self.effective_margin())
             .field("heartbeat_period", &self.effective_heartbeat_period())
+            .field("connect_timeout", &self.effective_connect_timeout())
             .field("tls", &self.connector)
             .finish_non_exhaustive()
     }
@@ -122,25 +127,29 @@ impl RouterOptions {
             read_only_data_sessions: true,
             stuck_timeout: Duration::from_secs(30),
             connector: Connector::default(),
+            connect_timeout: None,
+            renewal_events: false,
         }
     }
 
     /// Options from a connection URL (`postgres://user@host:port/db`).
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] when the URL does not parse.
+    /// [`Error::InvalidOption`] when the URL does not parse; it names the part that is wrong
+    /// and what that part accepts.
     pub fn from_url(replica_id: impl Into<String>, url: &str) -> Result<Self> {
         let config = url
             .parse()
             .map_err(|e: tokio_postgres::Error| Error::InvalidOption {
                 option: "database_url",
-                reason: format!("{e}; expected postgres://user@host:port/database"),
+                reason: explain_url_error(url, &e),
             })?;
         Ok(RouterOptions::new(replica_id, config))
     }
 
     /// Lease time to live (default 10 s, range [`MIN_TTL`]..=[`MAX_TTL`]): how long a lease
     /// outlives its last successful heartbeat, by the database clock.
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -149,18 +158,21 @@ impl RouterOptions {
     /// Safety margin (default ttl/5): handles stop taking work at last successful heartbeat
     /// start + ttl − margin on the local monotonic clock, before the database could expire the
     /// lease. Must be below ttl − heartbeat period.
+    #[must_use]
     pub fn margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
     }
 
     /// Heartbeat period (default ttl/3).
+    #[must_use]
     pub fn heartbeat_period(mut self, period: Duration) -> Self {
         self.heartbeat_period = Some(period);
         self
     }
 
     /// Data-path pool size (default 16) when pgtenant builds the pool.
+    #[must_use]
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
@@ -169,6 +181,7 @@ impl RouterOptions {
     /// Use this pool for the data path instead of building one. It must point at the same
     /// database as the config. Never share it with code that takes session locks or session
     /// `SET`s: deadpool's fast recycling keeps session state.
+    #[must_use]
     pub fn pool(mut self, pool: deadpool_postgres::Pool) -> Self {
         self.pool = Some(pool);
         self
@@ -176,6 +189,7 @@ impl RouterOptions {
 
     /// Backoff while re-registering after the lease session dropped (default 1 s doubling to
     /// 30 s).
+    #[must_use]
     pub fn reconnect_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.reconnect_backoff = (first, max);
         self
@@ -183,6 +197,7 @@ impl RouterOptions {
 
     /// How long a handoff waits for work in flight before giving up and serving on
     /// (default 30 s, range 1 ms..=1 h).
+    #[must_use]
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
@@ -190,18 +205,21 @@ impl RouterOptions {
 
     /// Bound on one open (default 30 s, range 1 ms..=1 h); a lease acquired after it is
     /// released, not leaked.
+    #[must_use]
     pub fn open_timeout(mut self, timeout: Duration) -> Self {
         self.open_timeout = timeout;
         self
     }
 
     /// Most tenants served at once, counting those opening and draining (default 100 000).
+    #[must_use]
     pub fn max_open_tenants(mut self, max: usize) -> Self {
         self.max_open_tenants = max;
         self
     }
 
     /// Tenants handed off at once by [`Router::close`](crate::Router::close) (default 8).
+    #[must_use]
     pub fn close_concurrency(mut self, lanes: usize) -> Self {
         self.close_concurrency = lanes;
         self
@@ -209,12 +227,14 @@ impl RouterOptions {
 
     /// How long a directed handoff keeps a tenant reserved for its target (default 5 s, range
     /// 1 ms..=10 min).
+    #[must_use]
     pub fn reservation(mut self, window: Duration) -> Self {
         self.reservation = window;
         self
     }
 
     /// What to do when another replica requests one of this replica's tenants.
+    #[must_use]
     pub fn handoff_policy(mut self, policy: HandoffPolicy) -> Self {
         self.handoff_policy = policy;
         self
@@ -236,6 +256,7 @@ impl RouterOptions {
     /// Ok(options.migrations(runner))
     /// # }
     /// ```
+    #[must_use]
     pub fn migrations(mut self, runner: refinery::Runner) -> Self {
         let mut migrations = runner.get_migrations().clone();
         migrations.sort();
@@ -256,6 +277,7 @@ impl RouterOptions {
     /// true: the server skips parsing and planning it). Set false when the data-path pool goes
     /// through a transaction-mode pooler that does not keep prepared statements (PgBouncer
     /// before 1.21): the fence is then sent unnamed, parsed with each transaction.
+    #[must_use]
     pub fn statement_cache(mut self, enabled: bool) -> Self {
         self.statement_cache = enabled;
         self
@@ -294,6 +316,7 @@ impl RouterOptions {
     ///     .tls(tokio_postgres::NoTls); // your connector here
     /// # Ok(()) }
     /// ```
+    #[must_use]
     pub fn tls<T>(mut self, tls: T) -> Self
     where
         T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
@@ -305,7 +328,33 @@ impl RouterOptions {
         self
     }
 
+    /// Bound on opening each connection pgtenant opens itself (the lease session, the pooler
+    /// probe, the default data-path pool, cancel requests), end to end: TCP connect, TLS,
+    /// startup and authentication; the lease session's registration that follows (pooler
+    /// probe, control-plane check, liveness lock) gets the same bound again. The default pool
+    /// also waits at most this long for a free connection. Default: the connection string's
+    /// `connect_timeout` when it has one (as libpq reads it), else 10 s; range 1 ms..=1 h.
+    /// Past it, the attempt fails with the retryable [`Error::ConnectTimeout`]. A pool given
+    /// with [`RouterOptions::pool`] keeps its own timeouts.
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Whether every successful heartbeat (one per heartbeat period, ttl/3 by default) is
+    /// published as [`Event::Renewed`](crate::Event::Renewed). Default false: a steady
+    /// stream of them would crowd out the events subscribers act on. Failures
+    /// ([`Event::RenewFailed`](crate::Event::RenewFailed)) and resumptions
+    /// ([`Event::Resumed`](crate::Event::Resumed)) are always published.
+    #[must_use]
+    pub fn renewal_events(mut self, enabled: bool) -> Self {
+        self.renewal_events = enabled;
+        self
+    }
+
     /// A free-form host label recorded in `pgtenant.replicas` (default: `$HOSTNAME`).
+    #[must_use]
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.host = Some(host.into());
         self
@@ -319,79 +368,267 @@ impl RouterOptions {
         self.heartbeat_period.unwrap_or(self.ttl / 3)
     }
 
-    /// Every value in range, or the first one that is not, with its range.
+    pub(crate) fn effective_connect_timeout(&self) -> Duration {
+        self.connect_timeout
+            .or(self.config.get_connect_timeout().copied())
+            .unwrap_or(crate::connect::DEFAULT_CONNECT_TIMEOUT)
+    }
+
+    /// Every value in range, or the first one that is not, with its value and its range.
+    /// Nothing here may overflow, whatever the values.
     pub(crate) fn validate(&self) -> Result<()> {
-        let invalid = |option, reason: String| Err(Error::InvalidOption { option, reason });
         validate_replica_id("replica_id", &self.replica_id)?;
-        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
-            return invalid(
-                "ttl",
-                format!("{:?} is outside {MIN_TTL:?}..={MAX_TTL:?}", self.ttl),
-            );
-        }
+        in_range("ttl", self.ttl, MIN_TTL..=MAX_TTL, "")?;
         let period = self.effective_heartbeat_period();
-        if period.is_zero() || period > self.ttl / 2 {
-            return invalid(
-                "heartbeat_period",
-                format!(
-                    "{period:?} must be above zero and at most ttl/2 ({:?}) so one lost heartbeat does not expire the lease",
-                    self.ttl / 2
-                ),
-            );
-        }
+        in_range(
+            "heartbeat_period",
+            period,
+            MS..=self.ttl / 2,
+            " (at most ttl/2, so one lost heartbeat does not expire the lease)",
+        )?;
         let margin = self.effective_margin();
-        if margin.is_zero() || margin + period >= self.ttl {
-            return invalid(
-                "margin",
-                format!(
-                    "{margin:?} must be above zero and below ttl − heartbeat period ({:?})",
-                    self.ttl.saturating_sub(period)
+        // Below ttl − period, so a handle stops before the database can expire its lease.
+        let below = self.ttl.saturating_sub(period);
+        if margin.is_zero() || margin >= below {
+            return Err(Error::InvalidOption {
+                option: "margin",
+                reason: format!(
+                    "{margin:?} is outside 1ns..{below:?} (above zero and below ttl − heartbeat \
+                     period, so handles stop before the database can expire their leases)"
                 ),
-            );
+            });
         }
-        if self.pool.is_none() && !(1..=1000).contains(&self.pool_size) {
-            return invalid(
-                "pool_size",
-                format!("{} is outside 1..=1000", self.pool_size),
-            );
+        if self.pool.is_none() {
+            count_in_range("pool_size", self.pool_size, 1..=1000)?;
         }
         let (first, max) = self.reconnect_backoff;
-        if first.is_zero() || max < first {
-            return invalid(
-                "reconnect_backoff",
-                format!("first {first:?} must be above zero and at most max {max:?}"),
-            );
+        in_range("reconnect_backoff", first, MS..=HOUR, " (first delay)")?;
+        in_range(
+            "reconnect_backoff",
+            max,
+            first..=HOUR,
+            " (longest delay: at least the first)",
+        )?;
+        in_range("drain_timeout", self.drain_timeout, MS..=HOUR, "")?;
+        in_range("open_timeout", self.open_timeout, MS..=HOUR, "")?;
+        in_range("stuck_timeout", self.stuck_timeout, MS..=HOUR, "")?;
+        in_range(
+            "reservation",
+            self.reservation,
+            MS..=Duration::from_secs(600),
+            "",
+        )?;
+        let from_url = if self.connect_timeout.is_none() {
+            " (from the connection string's connect_timeout)"
+        } else {
+            ""
+        };
+        in_range(
+            "connect_timeout",
+            self.effective_connect_timeout(),
+            MS..=HOUR,
+            from_url,
+        )?;
+        count_in_range("max_open_tenants", self.max_open_tenants, 1..=10_000_000)?;
+        count_in_range("close_concurrency", self.close_concurrency, 1..=1024)?;
+        self.validate_config()
+    }
+
+    /// What the connection string asks for that no connection could give.
+    fn validate_config(&self) -> Result<()> {
+        let invalid = |reason: String| {
+            Err(Error::InvalidOption {
+                option: "config",
+                reason,
+            })
+        };
+        let config = &self.config;
+        if config.get_hosts().is_empty() {
+            return invalid("no host: set a host in the URL or config".to_owned());
         }
-        let ms = Duration::from_millis(1);
-        let hour = Duration::from_secs(3600);
-        for (option, value, max) in [
-            ("drain_timeout", self.drain_timeout, hour),
-            ("open_timeout", self.open_timeout, hour),
-            ("reservation", self.reservation, Duration::from_secs(600)),
-            ("stuck_timeout", self.stuck_timeout, hour),
-        ] {
-            if value < ms || value > max {
-                return invalid(option, format!("{value:?} is outside {ms:?}..={max:?}"));
+        let hosts = config.get_hosts().iter().filter_map(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => Some(name.as_bytes()),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(_) => None,
+        });
+        let parts = [
+            ("user name", config.get_user().map(str::as_bytes)),
+            ("password", config.get_password()),
+            ("database name", config.get_dbname().map(str::as_bytes)),
+            ("options", config.get_options().map(str::as_bytes)),
+            (
+                "application name",
+                config.get_application_name().map(str::as_bytes),
+            ),
+        ]
+        .into_iter()
+        .chain(hosts.map(|host| ("host name", Some(host))));
+        for (part, value) in parts {
+            if value.is_some_and(|bytes| bytes.contains(&0)) {
+                return invalid(format!(
+                    "the {part} contains a NUL byte, which PostgreSQL's protocol cannot carry \
+                     (%00 in a URL decodes to one): remove it"
+                ));
             }
         }
-        if !(1..=10_000_000).contains(&self.max_open_tenants) {
-            return invalid(
-                "max_open_tenants",
-                format!("{} is outside 1..=10000000", self.max_open_tenants),
-            );
+        // The socket options the driver sets on every connection: Linux refuses values past
+        // these with EINVAL ("Invalid argument"), which would say nothing about the cause.
+        let second = Duration::from_secs(1);
+        let keepalive_max = Duration::from_secs(32_767);
+        let socket = [
+            (
+                "keepalives_idle",
+                config
+                    .get_keepalives()
+                    .then(|| config.get_keepalives_idle()),
+                second..=keepalive_max,
+            ),
+            (
+                "keepalives_interval",
+                config
+                    .get_keepalives()
+                    .then(|| config.get_keepalives_interval())
+                    .flatten(),
+                second..=keepalive_max,
+            ),
+            (
+                "tcp_user_timeout",
+                config.get_tcp_user_timeout().copied(),
+                Duration::ZERO..=Duration::from_millis(i32::MAX as u64),
+            ),
+        ];
+        for (name, value, range) in socket {
+            if let Some(value) = value.filter(|value| !range.contains(value)) {
+                return invalid(format!(
+                    "{name} {value:?} is outside {:?}..={:?} (what the operating system takes)",
+                    range.start(),
+                    range.end()
+                ));
+            }
         }
-        if !(1..=1024).contains(&self.close_concurrency) {
-            return invalid(
-                "close_concurrency",
-                format!("{} is outside 1..=1024", self.close_concurrency),
-            );
+        if let Some(retries) = config
+            .get_keepalives_retries()
+            .filter(|retries| config.get_keepalives() && !(1..=127).contains(retries))
+        {
+            return invalid(format!(
+                "keepalives_retries {retries} is outside 1..=127 (what the operating system takes)"
+            ));
         }
-        if self.config.get_hosts().is_empty() {
-            return invalid(
-                "config",
-                "no host: set a host in the URL or config".to_owned(),
-            );
+        if config.get_ssl_mode() == SslMode::Require && !self.connector.encrypts {
+            return Err(Error::InvalidOption {
+                option: "tls",
+                reason: "the connection string requires TLS (sslmode=require) but no TLS connector \
+                         is set: pass one with RouterOptions::tls (e.g. \
+                         tokio_postgres_rustls::MakeRustlsConnect), or use sslmode=prefer or disable"
+                    .to_owned(),
+            });
         }
         Ok(())
     }
+}
+
+const MS: Duration = Duration::from_millis(1);
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn in_range(
+    option: &'static str,
+    value: Duration,
+    range: RangeInclusive<Duration>,
+    why: &str,
+) -> Result<()> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option,
+        reason: format!(
+            "{value:?} is outside {:?}..={:?}{why}",
+            range.start(),
+            range.end()
+        ),
+    })
+}
+
+fn count_in_range(option: &'static str, value: usize, range: RangeInclusive<usize>) -> Result<()> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option,
+        reason: format!("{value} is outside {}..={}", range.start(), range.end()),
+    })
+}
+
+/// What tokio-postgres leaves out of "invalid connection string": which part is wrong, its
+/// value when it can be found, and what that part accepts.
+fn explain_url_error(url: &str, error: &tokio_postgres::Error) -> String {
+    const SHAPE: &str =
+        "expected postgres://user:password@host:port/database?option=value (or key=value pairs)";
+    let cause = std::error::Error::source(error)
+        .map(ToString::to_string)
+        .unwrap_or_else(|| error.to_string());
+    // tokio-postgres names the part between backticks: "invalid value for option `port`".
+    let Some(name) = cause.split('`').nth(1) else {
+        return format!("{error}: {cause}; {SHAPE}");
+    };
+    if cause.starts_with("unknown option") {
+        return format!(
+            "unknown option `{name}`; accepted: {}",
+            accepted_option_names()
+        );
+    }
+    let accepted = match name {
+        "port" => "a port number 0..=65535 (one per host, or one for all)",
+        "sslmode" => {
+            "disable, prefer or require; libpq's verify-ca and verify-full are not accepted: \
+             certificates are checked by the TLS connector given to RouterOptions::tls"
+        }
+        "sslnegotiation" => "postgres or direct",
+        "host" => "a host name, an IP address or an absolute Unix-socket directory",
+        "hostaddr" => "an IP address",
+        "connect_timeout" | "tcp_user_timeout" | "keepalives_idle" | "keepalives_interval" => {
+            "whole seconds, e.g. 10"
+        }
+        "keepalives" => "0 or 1",
+        "keepalives_retries" => "a count 0..=4294967295",
+        "target_session_attrs" => "any, read-write or read-only",
+        "channel_binding" => "disable, prefer or require",
+        "load_balance_hosts" => "disable or random",
+        _ => SHAPE,
+    };
+    match url_value(url, name) {
+        Some(value) => format!(
+            "`{name}` is {:?}, which is not accepted: {name} takes {accepted}",
+            value.chars().take(80).collect::<String>()
+        ),
+        None => format!("invalid value for `{name}`: it takes {accepted}"),
+    }
+}
+
+fn accepted_option_names() -> &'static str {
+    "user, password, dbname, options, application_name, sslmode, sslnegotiation, host, hostaddr, \
+     port, connect_timeout, tcp_user_timeout, keepalives, keepalives_idle, keepalives_interval, \
+     keepalives_retries, target_session_attrs, channel_binding, load_balance_hosts"
+}
+
+/// Best effort: the value `name` has in `url`, as written (a query or key=value parameter, or
+/// the port part of a URL's host list).
+fn url_value<'a>(url: &'a str, name: &str) -> Option<&'a str> {
+    let parameter = url
+        .split(['?', '&', ' '])
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| key.trim() == name)
+        .map(|(_, value)| value);
+    if parameter.is_some() || name != "port" {
+        return parameter;
+    }
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?']).next()?;
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    hosts
+        .split(',')
+        .filter_map(|host| host.rsplit_once(':').map(|(_, port)| port))
+        .find(|port| !port.is_empty() && port.parse::<u16>().is_err())
 }

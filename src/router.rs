@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
@@ -70,6 +70,14 @@ pub(crate) struct Shared {
     acquiring: std::sync::atomic::AtomicUsize,
     acquired: tokio::sync::Notify,
     closed: AtomicBool,
+    /// Why the last re-registration failed, while the replica is not registered.
+    registration: Mutex<Option<RegistrationFailure>>,
+}
+
+struct RegistrationFailure {
+    message: String,
+    /// Set when only someone's action ends it: returned by opens instead of `ReplicaDown`.
+    lasting: Option<Error>,
 }
 
 /// What [`Router::migrate_all`] did for one tenant.
@@ -183,6 +191,8 @@ pub struct Summary {
     pub in_flight: usize,
     /// Whether close() was called.
     pub closed: bool,
+    /// While not registered: why the last attempt to register again failed.
+    pub registration_error: Option<String>,
 }
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it: the maps it guards
@@ -194,6 +204,19 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// `ReplicaDown` says "registering again"; when only someone's action will end that (a
+    /// newer control plane, say), the cause itself is the truer answer.
+    fn explain_down(&self, error: Error) -> Error {
+        if !matches!(error, Error::ReplicaDown { .. }) {
+            return error;
+        }
+        lock(&self.registration)
+            .as_ref()
+            .and_then(|failure| failure.lasting.as_ref())
+            .and_then(Error::lasting_copy)
+            .unwrap_or(error)
+    }
+
     pub(crate) fn emit(&self, event: Event) {
         // No subscriber is not an error, and a slow one lags instead of blocking us.
         let _ = self.events.send(event);
@@ -276,8 +299,9 @@ impl Router {
     /// [`Error::ControlPlaneTooNew`]; [`Error::ReplicaIdInUse`] when a live process already runs
     /// this replica id; [`Error::NotASession`] behind a transaction-mode pooler.
     #[instrument(skip_all, fields(replica = %options.replica_id))]
-    pub async fn start(options: RouterOptions) -> Result<Router> {
+    pub async fn start(mut options: RouterOptions) -> Result<Router> {
         options.validate()?;
+        options.connector.timeout = options.effective_connect_timeout();
         let pool = match &options.pool {
             Some(pool) => {
                 if options.read_only_data_sessions {
@@ -285,7 +309,7 @@ impl Router {
                 }
                 pool.clone()
             }
-            None => build_pool(&options)?,
+            None => crate::connect::default_pool(&options)?,
         };
         let (notices, _) = broadcast::channel(EVENT_BUFFER);
         let session = LeaseSession::open(&options, notices.clone()).await?;
@@ -304,6 +328,7 @@ impl Router {
             acquiring: std::sync::atomic::AtomicUsize::new(0),
             acquired: tokio::sync::Notify::new(),
             closed: AtomicBool::new(false),
+            registration: Mutex::new(None),
         });
         begin_incarnation(&shared, &session);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -368,13 +393,15 @@ impl Router {
     /// [`Error::OpenTimeout`], [`Error::ReplicaDown`], [`Error::RouterClosed`]; database errors
     /// ([`Error::is_retryable`] tells an unavailable database).
     pub async fn open(&self, id: &TenantId) -> Result<TenantHandle> {
-        self.acquire(id, false).await
+        let opened = self.acquire(id, false).await;
+        opened.map_err(|error| self.shared.explain_down(error))
     }
 
     /// Like [`Router::open`], creating the tenant (its row and its schema, atomically) when it
     /// does not exist or was forgotten.
     pub async fn open_or_create(&self, id: &TenantId) -> Result<TenantHandle> {
-        self.acquire(id, true).await
+        let opened = self.acquire(id, true).await;
+        opened.map_err(|error| self.shared.explain_down(error))
     }
 
     /// Serving here already, draining here, or None.
@@ -465,9 +492,12 @@ impl Router {
     /// Waits until the tenant is free, then opens it (an existing tenant, like
     /// [`Router::open`]). Wakes on the release's NOTIFY or, for an owner that died or stalled
     /// without releasing, at its expiry; retries an unavailable database with backoff (1 s
-    /// doubling to 30 s). Gives up with [`Error::OpenTimeout`] after `timeout`.
+    /// doubling to 30 s). Gives up with [`Error::OpenTimeout`] after `timeout`; a timeout
+    /// beyond any representable instant (`Duration::MAX`) waits without a deadline.
     pub async fn wait_for(&self, id: &TenantId, timeout: Duration) -> Result<TenantHandle> {
-        let deadline = Instant::now() + timeout;
+        // Pauses between attempts are short (ttl, backoff); the cap keeps `now + pause` finite.
+        const LONGEST_PAUSE: Duration = Duration::from_secs(3600);
+        let deadline = Instant::now().checked_add(timeout);
         let mut notices = self.shared.notices.subscribe();
         let (first, max) = self.shared.options.reconnect_backoff;
         let mut backoff = first;
@@ -479,19 +509,20 @@ impl Router {
                 }
                 Err(error) if error.is_retryable() => {
                     let pause = backoff;
-                    backoff = (backoff * 2).min(max);
+                    backoff = backoff.saturating_mul(2).min(max);
                     pause
                 }
                 Err(error) => return Err(error),
             };
             let now = Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|deadline| now >= deadline) {
                 return Err(Error::OpenTimeout {
                     tenant: id.key().to_owned(),
                     timeout,
                 });
             }
-            let wake = (now + pause).min(deadline);
+            let wake = now + pause.min(LONGEST_PAUSE);
+            let wake = deadline.map_or(wake, |deadline| wake.min(deadline));
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep_until(wake.into()) => break,
@@ -509,7 +540,7 @@ impl Router {
 
     /// Asks the tenant's owner to hand it over to this replica (the owner decides by its
     /// [`HandoffPolicy`]; the default hands over at once, after draining) and waits for it
-    /// like [`Router::wait_for`].
+    /// like [`Router::wait_for`] (`Duration::MAX`: without a deadline).
     pub async fn request_handoff(&self, id: &TenantId, timeout: Duration) -> Result<TenantHandle> {
         if let Some(found) = self.local(id) {
             return found;
@@ -545,7 +576,8 @@ impl Router {
         if self.shared.is_closed() {
             return Err(Error::RouterClosed);
         }
-        crate::forget::restore(&self.shared, id).await
+        let restored = crate::forget::restore(&self.shared, id).await;
+        restored.map_err(|error| self.shared.explain_down(error))
     }
 
     /// One tenant as the control plane sees it, with this replica's own view.
@@ -742,6 +774,9 @@ impl Router {
             opening: lock(&shared.opening).len(),
             in_flight: handles.values().map(|h| h.in_flight()).sum(),
             closed: shared.closed.load(Ordering::Acquire),
+            registration_error: lock(&shared.registration)
+                .as_ref()
+                .map(|failure| failure.message.clone()),
         }
     }
 
@@ -898,47 +933,6 @@ impl Drop for Router {
     }
 }
 
-fn build_pool(options: &RouterOptions) -> Result<Pool> {
-    let manager = options.connector.manager(
-        data_session_config(options),
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(options.pool_size)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(10)))
-        .create_timeout(Some(Duration::from_secs(10)))
-        .build()
-        .map_err(|e| Error::InvalidOption {
-            option: "pool_size",
-            reason: e.to_string(),
-        })
-}
-
-/// The data-path connections' settings: read-only by default (G6: work that ends its fenced
-/// transaction cannot write afterwards; only the fenced transaction is READ WRITE), as a
-/// startup option, which RESET ALL keeps; and TCP keepalives, so a vanished server ends them.
-fn data_session_config(options: &RouterOptions) -> tokio_postgres::Config {
-    let mut config = options.config.clone();
-    if options.read_only_data_sessions {
-        let startup = match config.get_options() {
-            Some(existing) if !existing.trim().is_empty() => {
-                format!("{existing} -c default_transaction_read_only=on")
-            }
-            _ => "-c default_transaction_read_only=on".to_owned(),
-        };
-        config.options(startup);
-    }
-    config
-        .keepalives(true)
-        .keepalives_idle(options.keepalive_idle)
-        .keepalives_interval(Duration::from_secs(2))
-        .keepalives_retries(3);
-    config
-}
-
 /// A pool the application built must give read-only-by-default sessions (G6), from the
 /// connection's startup options or the role's or database's defaults, since pgtenant resets
 /// session settings between tenants.
@@ -977,6 +971,14 @@ pub(crate) fn pool_error(
             context: context.to_owned(),
             source,
         },
+        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Create) => {
+            Error::Pool {
+                context: context.to_owned(),
+                reason: "the database did not finish a new connection (TCP, TLS, startup, \
+                         authentication) within RouterOptions::connect_timeout"
+                    .to_owned(),
+            }
+        }
         other => Error::Pool {
             context: context.to_owned(),
             reason: other.to_string(),
@@ -1036,17 +1038,25 @@ async fn maintain(
                 Ok(session) => break session,
                 Err(error) => {
                     warn!(%error, retry_in = ?delay, "re-registration failed");
-                    shared.emit(Event::RenewFailed {
-                        reason: error.to_string(),
+                    let reason = error.to_string();
+                    *lock(&shared.registration) = Some(RegistrationFailure {
+                        message: reason.clone(),
+                        lasting: error.lasting_copy(),
+                    });
+                    shared.emit(Event::RegistrationFailed {
+                        reason,
+                        retryable: error.is_retryable(),
+                        retry_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                     });
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.changed() => return,
                     }
-                    delay = (delay * 2).min(max);
+                    delay = delay.saturating_mul(2).min(max);
                 }
             }
         };
+        *lock(&shared.registration) = None;
         begin_incarnation(&shared, &session);
     }
 }
@@ -1088,9 +1098,11 @@ async fn heartbeat_until_end(
                         incarnation: session.incarnation(),
                     });
                 }
-                shared.emit(Event::Renewed {
-                    incarnation: session.incarnation(),
-                });
+                if options.renewal_events {
+                    shared.emit(Event::Renewed {
+                        incarnation: session.incarnation(),
+                    });
+                }
             }
             Ok(Ok(None)) => {
                 return SessionEnd::Lost("heartbeat found the incarnation expired or replaced")

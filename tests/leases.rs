@@ -592,3 +592,46 @@ async fn release_and_forget_read_one_owner_index_entry_however_many_tenants_are_
     tx.rollback().await.unwrap();
     holder.close().await;
 }
+
+/// A heartbeat every ttl/3 is no news: `Event::Renewed` only when asked for.
+#[tokio::test]
+async fn renewal_events_are_published_only_when_asked_for() {
+    let (db, client) = database().await;
+    let quiet = router(db.url(), "quiet").await;
+    let mut quiet_events = quiet.subscribe();
+    let expires_at = || async {
+        client
+            .query_one(
+                "SELECT expires_at::text FROM pgtenant.replicas WHERE replica_id = 'quiet'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    let registered = expires_at().await;
+    let chatty = Router::start(options(db.url(), "chatty").renewal_events(true))
+        .await
+        .unwrap();
+    let mut chatty_events = chatty.subscribe();
+    let mut renewals = 0;
+    while renewals < 3 {
+        if let Event::Renewed { .. } = chatty_events.recv().await.unwrap() {
+            renewals += 1;
+        }
+    }
+    // Three periods have passed for the quiet replica too: its row shows the heartbeats.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while expires_at().await == registered {
+        assert!(Instant::now() < deadline, "the quiet replica never renewed");
+        tokio::time::sleep(Duration::from_millis(50)).await; // polling the database's view
+    }
+    while let Ok(event) = quiet_events.try_recv() {
+        assert!(
+            !matches!(event, Event::Renewed { .. }),
+            "published without renewal_events: {event:?}"
+        );
+    }
+    quiet.close().await;
+    chatty.close().await;
+}
