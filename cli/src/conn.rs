@@ -211,7 +211,7 @@ impl Target {
                 other => other,
             },
             SslMode::Prefer => match self.encrypted(deadline, DriverSslMode::Prefer).await {
-                Err(CliError::Tls(why)) => {
+                Err(CliError::TlsHandshake { why, .. }) => {
                     crate::output::warn(&format!(
                         "TLS could not be set up ({why}); connecting without TLS as sslmode=prefer \
                          allows (set sslmode=require to refuse that)"
@@ -270,11 +270,10 @@ impl Target {
 
     fn failed(&self, error: tokio_postgres::Error) -> CliError {
         if let Some(why) = tls::failure(&error) {
-            return CliError::Tls(format!(
-                "{} with {}: {why}",
-                why_tls(self.mode),
-                self.describe()
-            ));
+            return CliError::TlsHandshake {
+                target: self.describe(),
+                why,
+            };
         }
         if error.as_db_error().is_some() {
             return CliError::Database {
@@ -310,13 +309,6 @@ impl Target {
 
     pub fn timeout(&self) -> Duration {
         self.timeout
-    }
-}
-
-fn why_tls(mode: SslMode) -> &'static str {
-    match mode {
-        SslMode::VerifyCa | SslMode::VerifyFull => "the server's certificate was refused",
-        _ => "the TLS handshake failed",
     }
 }
 

@@ -30,8 +30,12 @@ pub enum CliError {
     )]
     ConnectTimeout { target: String, timeout: Duration },
 
+    /// Setting TLS up (the connector, the root certificate) failed.
     #[error("TLS: {0}")]
     Tls(String),
+
+    #[error("cannot connect to {target} over TLS: {why}")]
+    TlsHandshake { target: String, why: String },
 
     #[error("no pgtenant control plane in this database: run `pgtenant setup`")]
     NoControlPlane,

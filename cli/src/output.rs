@@ -32,7 +32,13 @@ pub fn warn(text: &str) {
 /// `value` as pretty JSON on stdout.
 pub fn json(value: &impl Serialize) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut stdout, value)?;
+    serde_json::to_writer_pretty(&mut stdout, value).map_err(|e| {
+        if e.is_io() {
+            CliError::Output(e.into())
+        } else {
+            CliError::Json(e)
+        }
+    })?;
     writeln!(stdout)?;
     Ok(())
 }

@@ -83,8 +83,10 @@ pub fn failure(error: &tokio_postgres::Error) -> Option<String> {
             .and_then(|inner| inner.downcast_ref::<rustls::Error>())
             .or_else(|| inner.downcast_ref::<rustls::Error>());
         if let Some(tls) = tls {
-            return Some(match tls {
-                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+            let why = match tls {
+                rustls::Error::InvalidCertificate(
+                    CertificateError::UnknownIssuer | CertificateError::BadSignature,
+                ) => {
                     "its certificate is not signed by a CA in the root certificate file (sslrootcert / PGSSLROOTCERT)".to_owned()
                 }
                 rustls::Error::InvalidCertificate(
@@ -101,6 +103,12 @@ pub fn failure(error: &tokio_postgres::Error) -> Option<String> {
                         .to_owned()
                 }
                 other => other.to_string(),
+            };
+            return Some(match tls {
+                rustls::Error::InvalidCertificate(_) => {
+                    format!("the server's certificate was refused: {why}")
+                }
+                _ => format!("the TLS handshake failed: {why}"),
             });
         }
         cause = inner.source();
