@@ -32,6 +32,22 @@ async fn connect(connection: &Connection) -> Result<(Target, Connected), CliErro
     Ok((target, connected))
 }
 
+/// Starts a router; Router::start opens the lease session and probes it with more
+/// connections, and the whole start is bounded like every other connection of the command
+/// (tokio-postgres' own connect_timeout bounds only their TCP connects).
+pub async fn start_router(
+    target: &Target,
+    options: pgtenant::RouterOptions,
+) -> Result<pgtenant::Router, CliError> {
+    match tokio::time::timeout(target.timeout(), pgtenant::Router::start(options)).await {
+        Ok(started) => Ok(started?),
+        Err(_elapsed) => Err(CliError::StartTimeout {
+            target: target.describe(),
+            timeout: target.timeout(),
+        }),
+    }
+}
+
 /// What a command does to the control plane, for [`check_control_plane`].
 #[derive(Debug, Clone, Copy)]
 enum Access {
@@ -426,18 +442,7 @@ pub async fn migrate(connection: &Connection, args: &cli::Migrate) -> Result<(),
     let options = target
         .router_options(replica, &connected)?
         .migrations(refinery::Runner::new(&migrations));
-    // Router::start opens the lease session and probes it with more connections: bounded like
-    // every other connection of the command.
-    let router =
-        match tokio::time::timeout(target.timeout(), pgtenant::Router::start(options)).await {
-            Ok(started) => Arc::new(started?),
-            Err(_) => {
-                return Err(CliError::ConnectTimeout {
-                    target: target.describe(),
-                    timeout: target.timeout(),
-                })
-            }
-        };
+    let router = Arc::new(start_router(&target, options).await?);
 
     let run = MigrateRun {
         router: Arc::clone(&router),

@@ -4,6 +4,7 @@
 //! PostgreSQL, in a few seconds.
 
 use crate::cli::Connection;
+use crate::commands::start_router;
 use crate::conn::Target;
 use crate::error::CliError;
 use crate::output::out;
@@ -48,7 +49,7 @@ fn say(line: &str) -> Result<(), CliError> {
 /// waiting replica, a crash, a lease session cut by the database, takeovers, a stale write
 /// refused by PostgreSQL.
 async fn demo(target: &Target) -> Result<(), CliError> {
-    use pgtenant::{Error, Router, RouterOptions, TenantHandle, TenantId};
+    use pgtenant::{Error, RouterOptions, TenantHandle, TenantId};
     use std::time::Duration;
 
     let mut connected = target.connect().await?;
@@ -58,9 +59,9 @@ async fn demo(target: &Target) -> Result<(), CliError> {
         let options = target.router_options(replica.to_owned(), &connected)?;
         Ok(options.ttl(Duration::from_secs(3)).pool_size(4))
     };
-    let a = Router::start(options("replica-a")?).await?;
-    let b = Router::start(options("replica-b")?).await?;
-    let c = Router::start(options("replica-c")?).await?;
+    let a = start_router(target, options("replica-a")?).await?;
+    let b = start_router(target, options("replica-b")?).await?;
+    let c = start_router(target, options("replica-c")?).await?;
     say("replica-a, -b and -c registered: each holds ONE advisory lock on its own lease session")?;
 
     async fn add(tenant: &TenantHandle, amount: i64) -> pgtenant::Result<()> {

@@ -63,7 +63,7 @@ pub fn show(duration: Duration) -> String {
     let millis = duration.as_millis();
     for (name, length) in UNITS.iter().rev() {
         let length = u128::from(*length);
-        if millis >= length && millis % length == 0 {
+        if millis >= length && millis.is_multiple_of(length) {
             return format!("{}{name}", millis / length);
         }
     }

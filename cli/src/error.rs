@@ -30,6 +30,13 @@ pub enum CliError {
     )]
     ConnectTimeout { target: String, timeout: Duration },
 
+    #[error(
+        "the replica did not start within {} (--connect-timeout): its connections to {target} \
+         (lease session, pooler probe) did not complete in time; check the server, or raise \
+         --connect-timeout", duration::show(*.timeout)
+    )]
+    StartTimeout { target: String, timeout: Duration },
+
     /// Setting TLS up (the connector, the root certificate) failed.
     #[error("TLS: {0}")]
     Tls(String),
@@ -116,7 +123,14 @@ impl CliError {
 /// context wherever a PostgreSQL error sits in the chain (tokio-postgres' own Display says only
 /// "db error", and refinery wraps it once more), else each cause's words.
 pub fn explain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
+    if let Some(db) = error
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::as_db_error)
+    {
+        return describe_db(db);
+    }
+    // refinery's words for a failed migration: "`error applying migration V1__x`, `db error`".
+    let mut text = error.to_string().replace(", `db error`", "");
     let mut cause = error.source();
     while let Some(inner) = cause {
         if let Some(db) = inner.downcast_ref::<DbError>() {

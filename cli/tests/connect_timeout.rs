@@ -19,55 +19,49 @@ async fn a_silent_server_fails_within_the_connect_timeout() {
     std::fs::write(dir.join("V1__t.sql"), "CREATE TABLE t (id int);").expect("a migration");
     let dir = dir.to_string_lossy().into_owned();
 
-    // (arguments, the bound it must report, the limit after which the test gives up)
+    let args = |words: &[&str]| words.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+    // (arguments, the bound the message must name); the cases without the option come first.
     let cases: Vec<(Vec<String>, &str)> = vec![
+        // The default bound.
+        (args(&["sweep", "--database-url", &url("")]), "within 10s"),
+        // libpq's connect_timeout in the URL, in seconds.
+        (
+            args(&["setup", "--database-url", &url("?connect_timeout=1")]),
+            "within 1s",
+        ),
         // TLS is tried first (sslmode=prefer): stalls waiting for the answer to SSLRequest.
         (
-            vec![
-                "status".into(),
-                "--database-url".into(),
-                url(""),
-                "--connect-timeout".into(),
-                "1s".into(),
-            ],
+            args(&[
+                "status",
+                "--database-url",
+                &url(""),
+                "--connect-timeout",
+                "1s",
+            ]),
             "within 1s",
         ),
         // No TLS: stalls in the startup message exchange.
         (
-            vec![
-                "tenants".into(),
-                "--database-url".into(),
-                url("?sslmode=disable"),
-                "--connect-timeout=1500ms".into(),
-            ],
+            args(&[
+                "tenants",
+                "--database-url",
+                &url("?sslmode=disable"),
+                "--connect-timeout=1500ms",
+            ]),
             "within 1500ms",
-        ),
-        // libpq's connect_timeout in the URL, in seconds.
-        (
-            vec![
-                "setup".into(),
-                "--database-url".into(),
-                url("?connect_timeout=1"),
-            ],
-            "within 1s",
         ),
         // A command that starts a router connects first, bounded the same way.
         (
-            vec![
-                "migrate".into(),
-                "--dir".into(),
-                dir.clone(),
-                "--database-url".into(),
-                url(""),
-                "--connect-timeout".into(),
-                "1s".into(),
-            ],
+            args(&[
+                "migrate",
+                "--dir",
+                &dir,
+                "--database-url",
+                &url(""),
+                "--connect-timeout",
+                "1s",
+            ]),
             "within 1s",
-        ),
-        // The default bound.
-        (
-            vec!["sweep".into(), "--database-url".into(), url("")],
-            "within 10s",
         ),
     ];
     let runs = cases.iter().map(|(args, _)| {
@@ -94,9 +88,9 @@ async fn a_silent_server_fails_within_the_connect_timeout() {
 }
 
 /// Awaits every future, concurrently (the test's only use of a join over a list).
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.map(tokio::spawn).collect();
