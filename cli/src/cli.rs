@@ -39,12 +39,12 @@ pub struct Cli {
 pub struct Connection {
     /// The database: postgres://user:password@host:port/database?sslmode=… or
     /// "host=… dbname=…" [default: $DATABASE_URL; an empty one counts as unset]
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL", help_heading = "Connection")]
     pub database_url: Option<String>,
 
     /// Bound on opening each connection, end to end: TCP connect, TLS, startup and
     /// authentication [default: the URL's connect_timeout, else 10s]
-    #[arg(long, global = true, value_name = "DURATION", value_parser = duration::connect_timeout)]
+    #[arg(long, global = true, value_name = "DURATION", value_parser = duration::connect_timeout, help_heading = "Connection")]
     pub connect_timeout: Option<Duration>,
 }
 
