@@ -1,4 +1,6 @@
 //! `pgtenant`: set up, inspect and run pgtenant from the command line (`pgtenant --help`).
+// Doc comments in cli.rs are the help texts clap prints, where `V<n>__name.sql` is plain text.
+#![allow(rustdoc::invalid_html_tags)]
 
 use std::process::ExitCode;
 
