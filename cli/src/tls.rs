@@ -1,55 +1,126 @@
-//! TLS as psql does it, so that the command works wherever psql does: `sslmode=disable` never
-//! encrypts. `prefer` (the default) and `require` encrypt when the server offers it, and
-//! `require` refuses a server that does not. The server's certificate is checked only when
-//! `PGSSLROOTCERT` names a file of trusted CA certificates (PEM), as libpq checks it only when
-//! it has a root certificate: then the certificate must chain to one of them and match the
-//! host.
+//! TLS as libpq does it. Without a root certificate the channel is encrypted but the server is
+//! not authenticated (`prefer`, the default, and `require`). With one (`sslrootcert`,
+//! `PGSSLROOTCERT`, or `~/.postgresql/root.crt` for the verify modes) the certificate must chain
+//! to it (`verify-ca`, and `prefer`/`require` as libpq does), and with `verify-full` also name
+//! the host.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// The connector for every connection the command makes.
-pub fn connector() -> Result<MakeRustlsConnect, String> {
+use crate::error::CliError;
+
+/// What the server's certificate is checked against.
+#[derive(Debug, Clone)]
+pub enum Verify {
+    /// Nothing: encryption only.
+    Nothing,
+    /// Chains to a CA in this file (PEM); any host name.
+    Ca(PathBuf),
+    /// Chains to a CA in this file and names the host connected to.
+    Full(PathBuf),
+}
+
+/// The connector for `verify`.
+pub fn connector(verify: &Verify) -> Result<MakeRustlsConnect, CliError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?;
-    let config = match std::env::var_os("PGSSLROOTCERT") {
-        Some(path) => {
-            let mut roots = rustls::RootCertStore::empty();
-            let certificates = CertificateDer::pem_file_iter(&path)
-                .map_err(|e| format!("PGSSLROOTCERT={}: {e}", path.to_string_lossy()))?;
-            for certificate in certificates {
-                let certificate = certificate
-                    .map_err(|e| format!("PGSSLROOTCERT={}: {e}", path.to_string_lossy()))?;
-                roots
-                    .add(certificate)
-                    .map_err(|e| format!("PGSSLROOTCERT={}: {e}", path.to_string_lossy()))?;
-            }
-            if roots.is_empty() {
-                return Err(format!(
-                    "PGSSLROOTCERT={} holds no certificate",
-                    path.to_string_lossy()
-                ));
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-        None => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(EncryptOnly(provider)))
-            .with_no_client_auth(),
+        .map_err(|e| CliError::Tls(e.to_string()))?
+        .dangerous();
+    let verifier: Arc<dyn ServerCertVerifier> = match verify {
+        Verify::Nothing => Arc::new(EncryptOnly(provider)),
+        Verify::Ca(path) => Arc::new(AnyHostName(webpki(path, provider)?)),
+        Verify::Full(path) => webpki(path, provider)?,
     };
+    let config = builder
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
     Ok(MakeRustlsConnect::new(config))
 }
 
-/// libpq's `sslmode=require` without a root certificate: the channel is encrypted and the
-/// handshake's signatures are checked, but the certificate is not authenticated.
+fn webpki(
+    path: &Path,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, CliError> {
+    let shown = path.display();
+    let mut roots = rustls::RootCertStore::empty();
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|e| CliError::Tls(format!("root certificate {shown}: {e}")))?;
+    for certificate in certificates {
+        let certificate =
+            certificate.map_err(|e| CliError::Tls(format!("root certificate {shown}: {e}")))?;
+        roots
+            .add(certificate)
+            .map_err(|e| CliError::Tls(format!("root certificate {shown}: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(CliError::Tls(format!(
+            "root certificate file {shown} holds no certificate (PEM expected)"
+        )));
+    }
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| CliError::Tls(format!("root certificate {shown}: {e}")))
+}
+
+/// What went wrong in a TLS handshake, when `error` is a TLS failure (and not, say, a refused
+/// TCP connection), in words that say what to do.
+pub fn failure(error: &tokio_postgres::Error) -> Option<String> {
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        // tokio-rustls wraps rustls' error in an io::Error, whose source() skips it.
+        let tls = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .or_else(|| inner.downcast_ref::<rustls::Error>());
+        if let Some(tls) = tls {
+            let why = match tls {
+                rustls::Error::InvalidCertificate(
+                    CertificateError::UnknownIssuer | CertificateError::BadSignature,
+                ) => {
+                    "its certificate is not signed by a CA in the root certificate file (sslrootcert / PGSSLROOTCERT)".to_owned()
+                }
+                rustls::Error::InvalidCertificate(
+                    CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+                ) => "its certificate does not name the host connected to (sslmode=verify-full checks that; verify-ca does not)".to_owned(),
+                rustls::Error::InvalidCertificate(
+                    CertificateError::Expired | CertificateError::ExpiredContext { .. },
+                ) => "its certificate has expired".to_owned(),
+                other if other.to_string().contains("UnsupportedCertVersion") => {
+                    "its certificate is X.509 v1, which can be encrypted to but not verified here: \
+                     verifying (verify-ca, verify-full, or a root certificate) needs an X.509 v3 \
+                     certificate; without a root certificate, sslmode=prefer or require encrypt \
+                     without verifying"
+                        .to_owned()
+                }
+                other => other.to_string(),
+            };
+            return Some(match tls {
+                rustls::Error::InvalidCertificate(_) => {
+                    format!("the server's certificate was refused: {why}")
+                }
+                _ => format!("the TLS handshake failed: {why}"),
+            });
+        }
+        cause = inner.source();
+    }
+    None
+}
+
+/// libpq without a root certificate: the channel is encrypted, the server not authenticated.
+/// The handshake signature is not checked either: without an authenticated certificate it
+/// proves nothing (whoever sits in between signs with the key of the certificate it sends),
+/// and checking it needs webpki to parse the certificate, which refuses the X.509 v1
+/// self-signed certificates that psql accepts.
 #[derive(Debug)]
 struct EncryptOnly(Arc<CryptoProvider>);
 
@@ -67,16 +138,59 @@ impl ServerCertVerifier for EncryptOnly {
 
     fn verify_tls12_signature(
         &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain is checked, the host name is not.
+#[derive(Debug)]
+struct AnyHostName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyHostName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            // webpki checks the name last, after the chain.
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -85,15 +199,10 @@ impl ServerCertVerifier for EncryptOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.0.supported_verify_schemes()
     }
 }

@@ -1,0 +1,587 @@
+//! The commands. Each reads the database through the library (or the control plane's views),
+//! and prints through [`crate::output`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::cli::{self, Connection};
+use crate::conn::{Connected, Target};
+use crate::error::{explain, CliError};
+use crate::output::{self, cell, out, Outcome, TenantMigrated};
+
+/// The connection string from `--database-url` or `$DATABASE_URL`; empty counts as unset.
+pub fn database_url(connection: &Connection) -> Option<String> {
+    connection
+        .database_url
+        .clone()
+        .or_else(|| std::env::var("DATABASE_URL").ok())
+        .filter(|url| !url.trim().is_empty())
+}
+
+pub fn target(connection: &Connection) -> Result<Target, CliError> {
+    let url = database_url(connection).ok_or(CliError::NoDatabase)?;
+    Target::parse(&url, connection.connect_timeout)
+}
+
+async fn connect(connection: &Connection) -> Result<(Target, Connected), CliError> {
+    let target = target(connection)?;
+    let connected = target.connect().await?;
+    Ok((target, connected))
+}
+
+/// Starts a router; Router::start opens the lease session and probes it with more
+/// connections, and the whole start is bounded like every other connection of the command
+/// (tokio-postgres' own connect_timeout bounds only their TCP connects).
+pub async fn start_router(
+    target: &Target,
+    options: pgtenant::RouterOptions,
+) -> Result<pgtenant::Router, CliError> {
+    match tokio::time::timeout(target.timeout(), pgtenant::Router::start(options)).await {
+        Ok(started) => Ok(started?),
+        Err(_elapsed) => Err(CliError::StartTimeout {
+            target: target.describe(),
+            timeout: target.timeout(),
+        }),
+    }
+}
+
+/// What a command does to the control plane, for [`check_control_plane`].
+#[derive(Debug, Clone, Copy)]
+enum Access {
+    Read,
+    /// Changes it; the command's name, for the refusal.
+    Write(&'static str),
+}
+
+/// The control plane's version, after refusing what this binary cannot do safely: nothing
+/// without a control plane, and no writes to one newer than this binary or older than it (the
+/// library's SQL is written for its own version; `pgtenant setup` upgrades).
+async fn check_control_plane(client: &Client, access: Access) -> Result<i64, CliError> {
+    let found = pgtenant::control_plane_version(client).await?;
+    let supported = pgtenant::supported_version();
+    if found == 0 {
+        return Err(CliError::NoControlPlane);
+    }
+    match access {
+        Access::Write(command) if found > supported => Err(CliError::ControlPlaneTooNew {
+            found,
+            supported,
+            command,
+        }),
+        Access::Write(command) if found < supported => Err(CliError::ControlPlaneBehind {
+            found,
+            needed: supported,
+            command,
+        }),
+        Access::Read if found > supported => {
+            output::warn(&format!(
+                "this database's control plane is at version {found}, newer than this pgtenant \
+                 (version {supported}): what is shown may be incomplete; use a newer pgtenant"
+            ));
+            Ok(found)
+        }
+        _ => Ok(found),
+    }
+}
+
+pub async fn setup(connection: &Connection, args: &cli::Setup) -> Result<(), CliError> {
+    let (_, mut connected) = connect(connection).await?;
+    let report = pgtenant::setup(&mut connected.client).await?;
+    if args.output.json {
+        return output::json(&report);
+    }
+    if report.applied.is_empty() {
+        out!("control plane is up to date (version {})", report.version)
+    } else {
+        out!(
+            "control plane at version {}; applied {}",
+            report.version,
+            report.applied.join(", ")
+        )
+    }
+}
+
+const REPLICAS_TABLE: &str = "SELECT replica_id, alive, lock_held, incarnation, tenants_held, \
+    expires_in, backend_pid, started_at::timestamp(0) AS started_at FROM pgtenant.replica_status";
+const TENANTS_TABLE: &str = "SELECT tenant, state, owner, epoch, owner_alive, expires_in, schema, \
+    version, quarantine_cause FROM pgtenant.lease_status ORDER BY tenant";
+
+/// RFC 3339 in UTC, as the library's records have it.
+macro_rules! utc {
+    ($column:literal) => {
+        concat!(
+            "to_char(",
+            $column,
+            " AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+        )
+    };
+}
+
+pub async fn status(connection: &Connection, args: &cli::Status) -> Result<(), CliError> {
+    let (_, connected) = connect(connection).await?;
+    status_of(&connected.client, args.output.json).await
+}
+
+pub async fn status_of(client: &Client, json: bool) -> Result<(), CliError> {
+    let version = check_control_plane(client, Access::Read).await?;
+    let supported = pgtenant::supported_version();
+    if json {
+        let replicas = client
+            .query(
+                concat!(
+                    "SELECT replica_id, coalesce(alive, false), coalesce(lock_held, false), \
+                     incarnation, tenants_held, \
+                     (extract(epoch FROM expires_in) * 1000)::bigint, backend_pid, host, ",
+                    utc!("started_at"),
+                    ", ",
+                    utc!("released_at"),
+                    " FROM pgtenant.replica_status ORDER BY replica_id"
+                ),
+                &[],
+            )
+            .await
+            .map_err(CliError::db("read pgtenant.replica_status"))?
+            .iter()
+            .map(|row| {
+                Ok(output::Replica {
+                    replica_id: row.try_get(0)?,
+                    alive: row.try_get(1)?,
+                    lock_held: row.try_get(2)?,
+                    incarnation: row.try_get(3)?,
+                    tenants_held: row.try_get(4)?,
+                    expires_in_ms: row.try_get(5)?,
+                    backend_pid: row.try_get(6)?,
+                    host: row.try_get(7)?,
+                    started_at: row.try_get(8)?,
+                    released_at: row.try_get(9)?,
+                })
+            })
+            .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(CliError::db("read pgtenant.replica_status"))?;
+        let mut tenants = Vec::new();
+        let mut query = pgtenant::TenantQuery::default();
+        query.limit = 10_000;
+        loop {
+            let page = pgtenant::list_tenants(client, &query).await?;
+            let full = page.len() as i64 == query.limit;
+            query.after = page.last().map(|record| record.tenant.clone());
+            tenants.extend(page);
+            if !full {
+                break;
+            }
+        }
+        return output::json(&output::Status {
+            control_plane_version: version,
+            supported_version: supported,
+            replicas,
+            tenants,
+        });
+    }
+    if version < supported {
+        out!(
+            "control plane version {version}: this pgtenant needs {supported}, and routers refuse \
+             to start until `pgtenant setup` upgrades it\n"
+        )?;
+    } else {
+        out!("control plane version {version}\n")?;
+    }
+    out!("replicas (pgtenant.replica_status):")?;
+    print_query(client, REPLICAS_TABLE).await?;
+    out!("\ntenants (pgtenant.lease_status):")?;
+    print_query(client, TENANTS_TABLE).await
+}
+
+/// Any query as an aligned table; simple_query hands every value over as text.
+async fn print_query(client: &Client, sql: &str) -> Result<(), CliError> {
+    let mut header: Vec<String> = Vec::new();
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let messages = client
+        .simple_query(sql)
+        .await
+        .map_err(CliError::db("read the control plane's views"))?;
+    for message in messages {
+        match message {
+            SimpleQueryMessage::RowDescription(columns) => {
+                header = columns.iter().map(|c| c.name().to_owned()).collect();
+            }
+            SimpleQueryMessage::Row(row) => rows.push(
+                (0..row.len())
+                    .map(|i| row.get(i).unwrap_or("").to_owned())
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    output::table(&header, &rows)
+}
+
+pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
+    let mut query = pgtenant::TenantQuery::default();
+    query.owner = args.owner.clone();
+    query.state = args.state.clone();
+    query.after = args.after.as_ref().map(|id| id.key().to_owned());
+    query.limit = args.limit;
+    query.behind = args.behind;
+    query.quarantined = match (args.quarantined, args.healthy) {
+        (true, _) => Some(true),
+        (_, true) => Some(false),
+        _ => None,
+    };
+    let (_, connected) = connect(connection).await?;
+    let client = &connected.client;
+    check_control_plane(client, Access::Read).await?;
+    let records = pgtenant::list_tenants(client, &query).await?;
+    // A full page has a next one only if a tenant follows its last: ask for one.
+    let next_after = match records.last() {
+        Some(last) if records.len() as i64 == query.limit => {
+            let mut probe = query.clone();
+            probe.after = Some(last.tenant.clone());
+            probe.limit = 1;
+            let more = !pgtenant::list_tenants(client, &probe).await?.is_empty();
+            more.then(|| last.tenant.clone())
+        }
+        _ => None,
+    };
+    if args.output.json {
+        return output::json(&output::TenantsPage {
+            tenants: records,
+            next_after,
+        });
+    }
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.tenant.clone(),
+                r.state.clone(),
+                cell(&r.owner),
+                r.epoch.to_string(),
+                r.version.to_string(),
+                cell(&r.schema),
+                cell(&r.quarantine_cause),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "tenant",
+            "state",
+            "owner",
+            "epoch",
+            "version",
+            "schema",
+            "quarantine",
+        ],
+        &rows,
+    )?;
+    if let Some(after) = next_after {
+        out!("  … more: --after {after}")?;
+    }
+    Ok(())
+}
+
+pub async fn show(connection: &Connection, args: &cli::Show) -> Result<(), CliError> {
+    let (_, connected) = connect(connection).await?;
+    check_control_plane(&connected.client, Access::Read).await?;
+    let record = pgtenant::show_tenant(&connected.client, &args.tenant)
+        .await?
+        .ok_or_else(|| CliError::UnknownTenant(args.tenant.clone()))?;
+    if args.output.json {
+        return output::json(&record);
+    }
+    output::fields(&[
+        ("tenant", record.tenant.clone()),
+        ("state", record.state.clone()),
+        ("created", record.created_at.clone()),
+        ("schema", cell(&record.schema)),
+        ("version", record.version.to_string()),
+        ("owner", cell(&record.owner)),
+        ("owner alive", cell(&record.owner_alive)),
+        ("epoch", record.epoch.to_string()),
+        ("acquired", cell(&record.acquired_at)),
+        ("forgotten at epoch", record.forgotten_at_epoch.to_string()),
+        ("quarantine", cell(&record.quarantine_cause)),
+        ("repair", cell(&record.quarantine_repair)),
+    ])
+}
+
+pub async fn trash(connection: &Connection, args: &cli::Trash) -> Result<(), CliError> {
+    let (_, connected) = connect(connection).await?;
+    check_control_plane(&connected.client, Access::Read).await?;
+    let trash = pgtenant::list_trash(&connected.client).await?;
+    if args.output.json {
+        return output::json(&trash);
+    }
+    let rows: Vec<Vec<String>> = trash
+        .iter()
+        .map(|t| {
+            vec![
+                t.schema.clone(),
+                t.tenant.clone(),
+                t.epoch.to_string(),
+                t.trashed_at.clone(),
+                cell(&t.swept_at),
+            ]
+        })
+        .collect();
+    output::table(&["schema", "tenant", "epoch", "trashed", "swept"], &rows)
+}
+
+pub async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), CliError> {
+    let (_, mut connected) = connect(connection).await?;
+    check_control_plane(&connected.client, Access::Write("sweep")).await?;
+    let json = args.output.json;
+    // The callback cannot return an error: keep the first and stop printing (the sweep goes on,
+    // it is resumable anyway).
+    let mut failed_output: Option<CliError> = None;
+    let report = pgtenant::sweep(
+        &mut connected.client,
+        &pgtenant::SweepOptions::with_retention(args.retention),
+        |schema, dropped| {
+            if !json && failed_output.is_none() {
+                if let Err(error) = out!("  {schema}: {dropped} objects dropped") {
+                    failed_output = Some(error);
+                }
+            }
+        },
+    )
+    .await?;
+    if let Some(error) = failed_output {
+        return Err(error);
+    }
+    if json {
+        return output::json(&report);
+    }
+    out!(
+        "swept {} schema(s) ({} masked); kept {} within retention; deferred {}; unknown {}; \
+         pruned {} journal row(s)",
+        report.swept.len(),
+        report.masked.len(),
+        report.kept,
+        report.deferred.len(),
+        report.unknown.len(),
+        report.history_pruned
+    )?;
+    for (schema, why) in &report.deferred {
+        out!("  deferred {schema}: {why}")?;
+    }
+    for schema in &report.unknown {
+        out!("  unknown {schema}: no tenant accounts for it; left alone")?;
+    }
+    Ok(())
+}
+
+pub async fn clear(connection: &Connection, args: &cli::Clear) -> Result<(), CliError> {
+    let (_, connected) = connect(connection).await?;
+    check_control_plane(&connected.client, Access::Write("clear")).await?;
+    let id = &args.tenant;
+    let by = format!("pgtenant-cli-{}", std::process::id());
+    let cleared = pgtenant::clear_quarantine(&connected.client, id, &by).await?;
+    if args.output.json {
+        return output::json(&serde_json::json!({ "tenant": id.key(), "cleared": cleared }));
+    }
+    if cleared {
+        out!("quarantine of {id} cleared")
+    } else {
+        out!("{id} was not quarantined")
+    }
+}
+
+pub async fn migrate(connection: &Connection, args: &cli::Migrate) -> Result<(), CliError> {
+    let dir = args.dir.display().to_string();
+    let migrations =
+        refinery::load_sql_migrations(&args.dir).map_err(|e| CliError::Migrations {
+            dir: dir.clone(),
+            reason: explain(&e),
+        })?;
+    let Some(target_version) = migrations.iter().map(|m| i64::from(m.version())).max() else {
+        return Err(CliError::Migrations {
+            dir,
+            reason: "no V<n>__name.sql files".into(),
+        });
+    };
+    let (target, connected) = connect(connection).await?;
+    check_control_plane(&connected.client, Access::Write("migrate")).await?;
+
+    let mut behind = Vec::new();
+    let mut query = pgtenant::TenantQuery::default();
+    query.behind = Some(target_version);
+    query.quarantined = Some(false);
+    query.limit = 10_000;
+    loop {
+        let page = pgtenant::list_tenants(&connected.client, &query).await?;
+        let full = page.len() as i64 == query.limit;
+        query.after = page.last().map(|record| record.tenant.clone());
+        behind.extend(page.into_iter().map(|r| (r.tenant, i64::from(r.version))));
+        if !full {
+            break;
+        }
+    }
+    let total = behind.len();
+    if total == 0 {
+        if args.output.json {
+            return output::json(&output::MigrateReport {
+                target_version,
+                behind: 0,
+                results: Vec::new(),
+                stopped: false,
+                not_attempted: Vec::new(),
+            });
+        }
+        return out!("every tenant is at version {target_version} or past it: nothing to migrate");
+    }
+
+    let replica = args
+        .replica
+        .clone()
+        .unwrap_or_else(|| format!("pgtenant-cli-{}", std::process::id()));
+    let options = target
+        .router_options(replica, &connected)?
+        .migrations(refinery::Runner::new(&migrations));
+    let router = Arc::new(start_router(&target, options).await?);
+
+    let run = MigrateRun {
+        router: Arc::clone(&router),
+        queue: Mutex::new(behind.into()),
+        failures: AtomicUsize::new(0),
+        max_failures: args.max_failures as usize,
+        target_version,
+        total,
+        done: AtomicUsize::new(0),
+        results: Mutex::new(Vec::with_capacity(total)),
+        json: args.output.json,
+        output_error: Mutex::new(None),
+    };
+    let run = Arc::new(run);
+    // The first tenant alone: a migration that fails everywhere stops the run at one tenant.
+    run.lane_once().await;
+    let mut lanes = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency {
+        let run = Arc::clone(&run);
+        lanes.spawn(async move { while run.lane_once().await {} });
+    }
+    while lanes.join_next().await.is_some() {}
+    router.close().await;
+
+    if let Some(error) = lock(&run.output_error).take() {
+        return Err(error);
+    }
+    let results = std::mem::take(&mut *lock(&run.results));
+    let not_attempted: Vec<String> = lock(&run.queue)
+        .drain(..)
+        .map(|(tenant, _)| tenant)
+        .collect();
+    let failed = results.iter().filter(|r| r.outcome.is_failure()).count();
+    let skipped = not_attempted.len();
+    let stopped = skipped > 0;
+    if args.output.json {
+        output::json(&output::MigrateReport {
+            target_version,
+            behind: total,
+            results,
+            stopped,
+            not_attempted,
+        })?;
+    } else {
+        let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
+        out!(
+            "{total} tenant(s) behind: {} migrated, {} held elsewhere, {} quarantined, {} failed",
+            count(|o| matches!(o, Outcome::Migrated { .. })),
+            count(|o| matches!(o, Outcome::HeldElsewhere { .. })),
+            count(|o| matches!(o, Outcome::Quarantined { .. })),
+            count(|o| matches!(o, Outcome::Failed { .. })),
+        )?;
+        if stopped {
+            out!(
+                "stopped after {failed} failure(s) (--max-failures {}): {} tenant(s) not attempted",
+                args.max_failures,
+                skipped
+            )?;
+        }
+    }
+    if failed > 0 || stopped {
+        return Err(CliError::MigrationsFailed {
+            failed,
+            not_attempted: skipped,
+            total,
+        });
+    }
+    Ok(())
+}
+
+/// One `pgtenant migrate` run, shared by its lanes.
+struct MigrateRun {
+    router: Arc<pgtenant::Router>,
+    queue: Mutex<VecDeque<(String, i64)>>,
+    failures: AtomicUsize,
+    max_failures: usize,
+    target_version: i64,
+    total: usize,
+    done: AtomicUsize,
+    results: Mutex<Vec<TenantMigrated>>,
+    json: bool,
+    output_error: Mutex<Option<CliError>>,
+}
+
+impl MigrateRun {
+    /// Migrates the next tenant; false when there is none or the run has stopped.
+    async fn lane_once(&self) -> bool {
+        if self.failures.load(Ordering::Acquire) >= self.max_failures {
+            return false;
+        }
+        let Some((tenant, from)) = lock(&self.queue).pop_front() else {
+            return false;
+        };
+        let outcome = self.migrate_one(&tenant, from).await;
+        if outcome.is_failure() {
+            self.failures.fetch_add(1, Ordering::AcqRel);
+        }
+        let done = self.done.fetch_add(1, Ordering::AcqRel) + 1;
+        if !self.json {
+            let printed = out!("  [{done}/{}] {tenant}: {outcome}", self.total);
+            if let Err(error) = printed {
+                lock(&self.output_error).get_or_insert(error);
+            }
+        }
+        lock(&self.results).push(TenantMigrated { tenant, outcome });
+        true
+    }
+
+    /// Opening a tenant that is behind migrates it under its lease (and quarantines it when a
+    /// migration fails).
+    async fn migrate_one(&self, tenant: &str, from: i64) -> Outcome {
+        let id = match pgtenant::TenantId::parse(tenant) {
+            Ok(id) => id,
+            Err(error) => {
+                return Outcome::Failed {
+                    error: error.to_string(),
+                }
+            }
+        };
+        match self.router.open(&id).await {
+            Ok(handle) => {
+                // close() hands off whatever a failed release leaves.
+                let _ = handle.release().await;
+                Outcome::Migrated {
+                    from,
+                    to: self.target_version,
+                }
+            }
+            Err(pgtenant::Error::Quarantined { cause, .. }) => Outcome::Quarantined { cause },
+            Err(pgtenant::Error::LeaseHeld { owner, .. }) => Outcome::HeldElsewhere { owner },
+            Err(error) => Outcome::Failed {
+                error: explain(&error),
+            },
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
