@@ -87,6 +87,16 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct Setup {
+    /// The application's role: gets only the protocol functions, SELECT on what the fence and
+    /// the status views read, and CREATE on the database for tenant schemas, never write
+    /// access to a control-plane table (the role must exist)
+    #[arg(long, value_name = "ROLE")]
+    pub app_role: Option<String>,
+    /// The operators' role: SELECT on the control plane and the operator functions (clear,
+    /// sweep bookkeeping, pruning); to drop tenant schemas it must also be a member of the
+    /// application's role
+    #[arg(long, value_name = "ROLE")]
+    pub operator_role: Option<String>,
     #[command(flatten)]
     pub output: Json,
 }

@@ -89,7 +89,14 @@ async fn check_control_plane(client: &Client, access: Access) -> Result<i64, Cli
 
 pub async fn setup(connection: &Connection, args: &cli::Setup) -> Result<(), CliError> {
     let (_, mut connected) = connect(connection).await?;
-    let report = pgtenant::setup(&mut connected.client).await?;
+    let mut roles = pgtenant::SetupOptions::default();
+    if let Some(role) = &args.app_role {
+        roles = roles.app_role(role);
+    }
+    if let Some(role) = &args.operator_role {
+        roles = roles.operator_role(role);
+    }
+    let report = pgtenant::setup_with(&mut connected.client, &roles).await?;
     if args.output.json {
         return output::json(&report);
     }

@@ -54,6 +54,7 @@ impl Server {
             url,
             config,
             server: Arc::clone(self),
+            roles: std::sync::Mutex::new(Vec::new()),
         })
     }
 }
@@ -70,6 +71,41 @@ pub struct TestDatabase {
     url: String,
     config: Config,
     server: Arc<Server>,
+    /// Roles made for this database, dropped after it.
+    roles: std::sync::Mutex<Vec<String>>,
+}
+
+/// A login role made by [`TestDatabase::create_role`]: not a superuser, with no privilege
+/// beyond what PUBLIC has until the test grants some. Dropped with its database.
+#[derive(Debug, Clone)]
+pub struct TestRole {
+    name: String,
+    url: String,
+    config: Config,
+}
+
+impl TestRole {
+    /// The role's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database's URL, logging in as this role.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The database's connection settings, logging in as this role.
+    pub fn config(&self) -> Config {
+        self.config.clone()
+    }
+
+    /// Connects as this role, without TLS; the connection runs on a spawned tokio task.
+    pub async fn connect(&self) -> Result<Client, TestkitError> {
+        connect(&self.config)
+            .await
+            .map_err(|e| TestkitError::pg(format!("connecting as role {}", self.name), e))
+    }
 }
 
 impl TestDatabase {
@@ -115,6 +151,42 @@ impl TestDatabase {
         self.server.source
     }
 
+    /// Creates a login role `<database>_<suffix>` (suffix: lowercase letters, digits and
+    /// `_`, at most 20 bytes) that is not a superuser and has only PUBLIC's privileges, with a
+    /// random password in its URL (so it works whatever the server's authentication). It is
+    /// dropped, with everything it owns, after the database. For tests of least privilege:
+    /// grant it what an application's or operator's role would get.
+    pub async fn create_role(&self, suffix: &str) -> Result<TestRole, TestkitError> {
+        let valid = !suffix.is_empty()
+            && suffix.len() <= 20
+            && suffix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid {
+            return Err(TestkitError::InvalidRoleSuffix {
+                suffix: suffix.chars().take(40).collect(),
+            });
+        }
+        let name = format!("{}_{suffix}", self.name);
+        let password = format!("{:x}{:x}", new_nonce(), new_nonce());
+        let client = connect_admin(&self.server.admin).await?;
+        client
+            .batch_execute(&format!(
+                "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{password}'",
+                quote_ident(&name)
+            ))
+            .await
+            .map_err(|e| TestkitError::pg(format!("creating role {name}"), e))?;
+        self.roles
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(name.clone());
+        let mut config = self.config.clone();
+        config.user(&name).password(password.as_str());
+        let url = replace_user(&self.url, &name, &password);
+        Ok(TestRole { name, url, config })
+    }
+
     /// Connects without TLS; the connection runs on a spawned tokio task.
     pub async fn connect(&self) -> Result<Client, TestkitError> {
         connect(&self.config)
@@ -139,9 +211,15 @@ impl Drop for TestDatabase {
         // deadlock, so a thread with its own runtime does the DROP.
         let admin = self.server.admin.clone();
         let name = self.name.clone();
+        let roles = std::mem::take(
+            &mut *self
+                .roles
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
         let spawned = std::thread::Builder::new()
             .name("pgtenant-testkit-drop".into())
-            .spawn(move || drop_database_blocking(&admin, &name));
+            .spawn(move || drop_database_blocking(&admin, &name, &roles));
         match spawned {
             Ok(handle) => {
                 if handle.join().is_err() {
@@ -155,7 +233,7 @@ impl Drop for TestDatabase {
     }
 }
 
-fn drop_database_blocking(admin: &Config, name: &str) {
+fn drop_database_blocking(admin: &Config, name: &str, roles: &[String]) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -173,6 +251,20 @@ fn drop_database_blocking(admin: &Config, name: &str) {
                 tracing::warn!(database = %name, error = %e, "could not drop test database")
             }
             Err(_) => tracing::warn!(database = %name, "timed out dropping test database"),
+        }
+        // After the database, which held everything they own or were granted but for the
+        // database's own ACL, which DROP DATABASE removed too.
+        for role in roles {
+            let dropped = async {
+                connect_admin(admin)
+                    .await?
+                    .batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(role)))
+                    .await
+                    .map_err(|e| TestkitError::pg(format!("dropping role {role}"), e))
+            };
+            if let Err(e) = dropped.await {
+                tracing::warn!(%role, error = %e, "could not drop test role");
+            }
         }
     });
 }
@@ -474,6 +566,33 @@ pub(crate) fn encode_component(bytes: &[u8]) -> String {
 /// `url` with its database replaced, keeping credentials, hosts and query
 /// parameters. Splits the way tokio-postgres parses: the credentials end at
 /// the first `@`, the hosts at the next `/` or `?`.
+/// `url` logging in as `user` with `password` instead of whoever it named.
+fn replace_user(url: &str, user: &str, password: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let (scheme, rest) = url.split_at(scheme_end + 3);
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let hosts = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    format!(
+        "{scheme}{}:{}@{hosts}",
+        encode_component(user.as_bytes()),
+        encode_component(password.as_bytes())
+    )
+}
+
+/// 64 random bits, from the standard library's randomly keyed hasher (no extra dependency
+/// for a test role's password).
+fn new_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(unix_secs());
+    hasher.finish()
+}
+
 pub(crate) fn replace_dbname(url: &str, dbname: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();

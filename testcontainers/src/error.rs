@@ -40,6 +40,14 @@ pub enum TestkitError {
         value: String,
     },
 
+    /// [`TestDatabase::create_role`](crate::TestDatabase::create_role) was given a suffix that
+    /// is not 1 to 20 lowercase letters, digits or `_`.
+    #[error("role suffix {suffix:?} must be 1 to 20 lowercase ASCII letters, digits or '_'")]
+    InvalidRoleSuffix {
+        /// The suffix given.
+        suffix: String,
+    },
+
     /// A PostgreSQL statement or connection failed.
     #[error("{context}: {}", describe_pg(source))]
     Postgres {

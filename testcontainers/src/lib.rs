@@ -57,7 +57,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use cluster::LocalCluster;
-pub use database::TestDatabase;
+pub use database::{TestDatabase, TestRole};
 pub use error::TestkitError;
 
 /// The environment variable that forces one [`Source`].

@@ -1,0 +1,391 @@
+//! The tenant boundary (DESIGN G6): with one pooled connection shared by two tenants, nothing
+//! one tenant's work leaves in the session reaches the other, and work that ends the fenced
+//! transaction itself can neither write afterwards nor be reported as `Ok`.
+
+mod support;
+
+use pgtenant::{Error, Router, TenantHandle};
+use support::{database, options, tenant};
+
+/// Two tenants on a router whose data path is ONE connection, each with an `accounts` table
+/// holding one row named after the tenant.
+async fn two_tenants_one_connection(
+    db: &pgtenant_testkit::TestDatabase,
+) -> (Router, TenantHandle, TenantHandle) {
+    let router = Router::start(options(db.url(), "boundary").pool_size(1))
+        .await
+        .expect("router");
+    let one = router.open_or_create(&tenant("one")).await.expect("one");
+    let two = router.open_or_create(&tenant("two")).await.expect("two");
+    for (handle, name) in [(&one, "one"), (&two, "two")] {
+        handle
+            .run(move |tx| {
+                Box::pin(async move {
+                    tx.batch_execute(&format!(
+                        "CREATE TABLE accounts (id int, name text); INSERT INTO accounts VALUES (1, '{name}')"
+                    ))
+                    .await?;
+                    Ok::<_, Error>(())
+                })
+            })
+            .await
+            .expect("accounts");
+    }
+    (router, one, two)
+}
+
+/// Runs `sql` as tenant work (a batch; its result is ignored, but it must succeed).
+async fn work(handle: &TenantHandle, sql: impl Into<String>) {
+    let sql = sql.into();
+    let shown = sql.clone();
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.batch_execute(&sql).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{shown}: {e}"));
+}
+
+/// Runs `sql` as tenant work and returns what `run` returned.
+async fn try_work(handle: &TenantHandle, sql: String) -> Result<(), Error> {
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.batch_execute(&sql).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+}
+
+/// One text value from a read-only fenced query.
+async fn text(handle: &TenantHandle, sql: &'static str) -> String {
+    handle
+        .read(move |tx| {
+            Box::pin(async move { Ok::<_, Error>(tx.query_one(sql, &[]).await?.get(0)) })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+async fn count(handle: &TenantHandle, sql: &'static str) -> i64 {
+    support::count_rows(handle, sql).await
+}
+
+#[tokio::test]
+async fn a_temp_table_never_shadows_the_next_tenants_table_and_its_writes_land_in_its_schema() {
+    let (db, admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "CREATE TEMP TABLE accounts AS SELECT * FROM accounts; INSERT INTO pg_temp.accounts VALUES (9, 'one-temp')",
+    )
+    .await;
+    // Within one's own transactions its temp table never shadows its ledger either: pg_temp
+    // comes last in search_path, in read-write and in read-only fenced transactions.
+    let written = one
+        .run(|tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO accounts VALUES (8, 'one-ledger')", &[])
+                    .await?;
+                let names = tx
+                    .query_one(
+                        "SELECT string_agg(name, ',' ORDER BY id) FROM accounts",
+                        &[],
+                    )
+                    .await?;
+                Ok::<_, Error>(names.get::<_, String>(0))
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(written, "one,one-ledger");
+    assert_eq!(
+        text(
+            &one,
+            "SELECT string_agg(name, ',' ORDER BY id) FROM accounts"
+        )
+        .await,
+        "one,one-ledger"
+    );
+
+    assert_eq!(
+        text(&two, "SELECT string_agg(name, ',') FROM accounts").await,
+        "two"
+    );
+    work(&two, "INSERT INTO accounts VALUES (2, 'two-new')").await;
+    let landed: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {}.accounts", two.schema()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(landed, 2, "two's write is in two's schema");
+    let ledger_rows: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {}.accounts", one.schema()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        ledger_rows, 2,
+        "one's write went past its temp table, to its ledger"
+    );
+    assert_eq!(
+        count(
+            &two,
+            "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
+        )
+        .await,
+        0,
+        "one's temp table is gone before two's work runs"
+    );
+    router.close().await;
+}
+
+#[tokio::test]
+async fn a_with_hold_cursor_is_closed_before_the_next_tenant() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "DECLARE leak CURSOR WITH HOLD FOR SELECT name FROM accounts",
+    )
+    .await;
+    let fetched = two
+        .run(|tx| {
+            Box::pin(async move {
+                tx.query("FETCH leak", &[]).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .expect_err("one's cursor is not there for two");
+    assert_eq!(fetched.sqlstate(), Some("34000"), "{fetched}");
+    router.close().await;
+}
+
+#[tokio::test]
+async fn session_settings_role_and_authorization_do_not_cross_tenants() {
+    let (db, _admin) = database().await;
+    let other = db.create_role("other").await.expect("role");
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    let login = text(&two, "SELECT session_user::text").await;
+
+    work(&one, "SET statement_timeout = 1").await;
+    work(&two, "SELECT pg_sleep(0.05)").await;
+    assert_eq!(text(&two, "SHOW statement_timeout").await, "0");
+
+    work(&one, "SET application_name = 'leaked'").await;
+    assert_ne!(text(&two, "SHOW application_name").await, "leaked");
+
+    let set_role = format!("SET ROLE {}", other.name());
+    work(&one, set_role.as_str()).await;
+    assert_eq!(text(&two, "SELECT current_user::text").await, login);
+
+    work(&one, format!("SET SESSION AUTHORIZATION {}", other.name())).await;
+    assert_eq!(text(&two, "SELECT session_user::text").await, login);
+    assert_eq!(text(&two, "SELECT current_user::text").await, login);
+
+    // And a connection left under another role does not keep the router from releasing.
+    work(&one, set_role).await;
+    let report = router.close().await;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let client = db.connect().await.unwrap();
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.tenants WHERE owner IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 0, "every tenant released on close");
+}
+
+#[tokio::test]
+async fn listen_advisory_locks_and_prepared_statements_do_not_cross_tenants() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "LISTEN one_channel; SELECT pg_advisory_lock(4242); PREPARE leaked AS SELECT name FROM accounts",
+    )
+    .await;
+    // UNLISTEN is transactional: the registration ends when two's first transaction commits
+    // (notifications on pooled connections are dropped by the driver, never shown to work).
+    work(&two, "SELECT 1").await;
+    assert_eq!(
+        count(&two, "SELECT count(*) FROM pg_listening_channels()").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &two,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+                AND classid = 0 AND objid = 4242"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &two,
+            "SELECT count(*) FROM pg_prepared_statements WHERE from_sql"
+        )
+        .await,
+        0
+    );
+    let executed = two
+        .run(|tx| {
+            Box::pin(async move {
+                tx.query("EXECUTE leaked", &[]).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .expect_err("one's prepared statement is not there for two");
+    assert_eq!(executed.sqlstate(), Some("26000"), "{executed}");
+    // The fence's own prepared statement survives the scrub: both tenants keep working.
+    work(&one, "INSERT INTO accounts VALUES (3, 'one-again')").await;
+    work(&two, "INSERT INTO accounts VALUES (3, 'two-again')").await;
+    router.close().await;
+}
+
+#[tokio::test]
+async fn work_that_commits_itself_is_an_error_and_cannot_write_afterwards() {
+    let (db, admin) = database().await;
+    let (router, one, _two) = two_tenants_one_connection(&db).await;
+
+    // COMMIT inside the work and nothing after: what came before was fenced and committed,
+    // but run does not say Ok.
+    let ended = one
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute("INSERT INTO accounts VALUES (10, 'before'); COMMIT")
+                    .await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await;
+    assert!(
+        matches!(ended, Err(Error::TransactionEnded { .. })),
+        "{ended:?}"
+    );
+
+    // A write after the work's own COMMIT runs outside the fence, on a read-only session.
+    let refused = try_work(
+        &one,
+        format!(
+            "COMMIT; INSERT INTO {}.accounts VALUES (11, 'after')",
+            one.schema()
+        ),
+    )
+    .await
+    .expect_err("read-only outside the fenced transaction");
+    assert_eq!(refused.sqlstate(), Some("25006"), "{refused}");
+
+    // Even a new READ WRITE transaction the work opens itself does not commit.
+    let reopened = try_work(
+        &one,
+        format!(
+            "COMMIT; BEGIN READ WRITE; INSERT INTO {}.accounts VALUES (12, 'reopened')",
+            one.schema()
+        ),
+    )
+    .await;
+    assert!(
+        matches!(reopened, Err(Error::TransactionEnded { .. })),
+        "{reopened:?}"
+    );
+
+    let names: String = admin
+        .query_one(
+            &format!(
+                "SELECT string_agg(name, ',' ORDER BY id) FROM {}.accounts",
+                one.schema()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(names, "one,before");
+    // The handle serves on.
+    work(&one, "INSERT INTO accounts VALUES (13, 'later')").await;
+    router.close().await;
+}
+
+#[tokio::test]
+async fn a_stale_handle_whose_work_rolls_back_and_writes_commits_nothing() {
+    let (db, admin) = database().await;
+    let (router, one, _two) = two_tenants_one_connection(&db).await;
+    // Made stale from outside: the epoch moves on under the handle.
+    admin
+        .execute(
+            "UPDATE pgtenant.tenants SET epoch = epoch + 1 WHERE key = $1",
+            &[&one.id().key()],
+        )
+        .await
+        .unwrap();
+    let outcome = try_work(
+        &one,
+        format!(
+            "ROLLBACK; INSERT INTO {}.accounts VALUES (20, 'unfenced')",
+            one.schema()
+        ),
+    )
+    .await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    let written: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {}.accounts WHERE name = 'unfenced'",
+                one.schema()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(written, 0, "nothing unfenced committed");
+    router.close().await;
+}
+
+#[tokio::test]
+async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
+    use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    let (db, _admin) = database().await;
+    let manager = Manager::from_config(
+        db.config(),
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(2).build().expect("pool");
+    match Router::start(options(db.url(), "writable").pool(pool.clone())).await {
+        Err(Error::InvalidOption { option, reason }) => {
+            assert_eq!(option, "pool");
+            assert!(reason.contains("default_transaction_read_only"), "{reason}");
+        }
+        Err(other) => panic!("expected InvalidOption, got {other}"),
+        Ok(_) => panic!("a pool with writable sessions was accepted"),
+    }
+    // The documented escape hatch (where no session default can hold) works.
+    let router = Router::start(
+        options(db.url(), "writable")
+            .pool(pool)
+            .read_only_data_sessions(false),
+    )
+    .await
+    .expect("accepted when asked");
+    router.close().await;
+}
