@@ -281,13 +281,16 @@ async fn status_views_explain_replicas_and_leases() {
         .execute("UPDATE pgtenant.replicas SET expires_at = now() - interval '1 second' WHERE replica_id = 'live'", &[])
         .await
         .unwrap();
-    let state: String = client
+    let row = client
         .query_one(
-            "SELECT state FROM pgtenant.lease_status WHERE tenant = 'acme/a'",
+            "SELECT state, expires_in = interval '0' FROM pgtenant.lease_status WHERE tenant = 'acme/a'",
             &[],
         )
         .await
-        .unwrap()
-        .get(0);
-    assert_eq!(state, "stalled");
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "stalled");
+    assert!(
+        row.get::<_, bool>(1),
+        "an expired lease shows 0 left, not a negative interval"
+    );
 }

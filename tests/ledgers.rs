@@ -681,14 +681,18 @@ async fn the_sweep_drops_a_2000_table_schema_under_default_lock_limits() {
         .expect_err("one DROP SCHEMA CASCADE exhausts the lock table");
     assert_eq!(error.code().map(|c| c.code()), Some("53200"), "{error:?}");
     let _ = client.batch_execute("ROLLBACK").await;
+    let mut reported = Vec::new();
     let report = pgtenant::sweep(
         &mut client,
         &SweepOptions::with_retention(Duration::ZERO),
-        |_, _| {},
+        |schema, dropped| reported.push((schema.to_owned(), dropped)),
     )
     .await
     .unwrap();
     assert_eq!(report.swept, vec![trashed]);
+    // One report per transaction, each count once: 20 objects at a time up to 2 000.
+    let counts: Vec<usize> = reported.iter().map(|(_, n)| *n).collect();
+    assert_eq!(counts, (1..=100).map(|i| i * 20).collect::<Vec<_>>());
     router.close().await;
 }
 
@@ -803,4 +807,120 @@ async fn close_waits_for_a_forget_under_way() {
             break;
         }
     }
+}
+
+/// A creation whose CREATE SCHEMA fails leaves nothing behind: no tenant row, no epoch
+/// bump, no schema (acquisition and creation are one transaction).
+#[tokio::test]
+async fn a_failed_create_schema_leaves_nothing_behind() {
+    let (db, client) = database().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION refuse_schemas() RETURNS event_trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'no new schemas today'; END $$;
+             CREATE EVENT TRIGGER refuse_schemas ON ddl_command_start
+                 WHEN TAG IN ('CREATE SCHEMA') EXECUTE FUNCTION refuse_schemas();",
+        )
+        .await
+        .unwrap();
+    let router = router_with(db.url(), "creator", &[V1]).await;
+    let id = tenant("refused");
+    let error = router.open_or_create(&id).await.expect_err("refused");
+    assert!(
+        error.to_string().contains("no new schemas today"),
+        "{error}"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtenant.tenants WHERE key = $1",
+            id.key()
+        )
+        .await,
+        0,
+        "no tenant row"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "SELECT count(*) FROM pgtenant.history WHERE tenant_key = $1",
+            id.key()
+        )
+        .await,
+        0,
+        "nothing journaled"
+    );
+    client
+        .batch_execute("DROP EVENT TRIGGER refuse_schemas")
+        .await
+        .unwrap();
+    let created = router.open_or_create(&id).await.expect("created now");
+    assert_eq!(created.epoch(), 1, "the failed attempt used no epoch");
+    router.close().await;
+}
+
+/// Creation never fails on a name collision: when the derived name is taken (here by a
+/// schema made under it on purpose, as a crafted 40-bit hash collision would), the next
+/// salted name is used, and the sweep still attributes it to its tenant.
+#[tokio::test]
+async fn creation_survives_a_taken_schema_name() {
+    let (db, client) = database().await;
+    let id = tenant("collided");
+    let taken = id.schema_name(1);
+    client
+        .batch_execute(&format!("CREATE SCHEMA {taken}"))
+        .await
+        .unwrap();
+    let router = router_with(db.url(), "collider", &[V1]).await;
+    let handle = router.open_or_create(&id).await.expect("created anyway");
+    assert_ne!(handle.schema(), taken);
+    assert!(
+        handle.schema().starts_with("t_acme__collided_1_"),
+        "{}",
+        handle.schema()
+    );
+    let mut client = client;
+    let forgotten = handle.forget(ActiveWork::Refuse).await.expect("forget");
+    router.close().await;
+    let report = pgtenant::sweep(
+        &mut client,
+        &SweepOptions::with_retention(Duration::ZERO),
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    // Both names derive from this tenant's forgotten life: the trashed one goes, and so does
+    // the squatter, which is masked (an orphan of a forgotten epoch).
+    assert_eq!(report.swept, vec![forgotten, taken.clone()]);
+    assert_eq!(report.masked, vec![taken]);
+    assert!(report.refused.is_empty(), "{report:?}");
+}
+
+/// The sweep prunes replicas that ended long ago and that no tenant names.
+#[tokio::test]
+async fn the_sweep_prunes_ended_replicas() {
+    let (db, mut client) = database().await;
+    let router = router_with(db.url(), "ended", &[]).await;
+    router.close().await;
+    let live = router_with(db.url(), "running", &[]).await;
+    client
+        .batch_execute(
+            "UPDATE pgtenant.replicas SET released_at = now() - interval '30 days'
+              WHERE replica_id = 'ended'",
+        )
+        .await
+        .unwrap();
+    let report = pgtenant::sweep(&mut client, &SweepOptions::default(), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(report.replicas_pruned, 1, "{report:?}");
+    let left: Vec<String> = client
+        .query("SELECT replica_id FROM pgtenant.replicas ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(left, vec!["running".to_owned()]);
+    live.close().await;
 }

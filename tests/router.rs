@@ -699,3 +699,116 @@ async fn invalid_router_options_name_the_option() {
         }
     }
 }
+
+/// A handoff to a replica that is not registered and alive is refused before anything
+/// changes: the tenant keeps serving here and nothing is reserved for nobody.
+#[tokio::test]
+async fn a_handoff_to_a_replica_that_is_not_alive_is_refused_before_anything_changes() {
+    let (db, client) = database().await;
+    let router = router_named(&db, "holder").await;
+    let id = tenant("kept");
+    let handle = router.open_or_create(&id).await.unwrap();
+    let gone = router_named(&db, "gone").await;
+    gone.close().await;
+    for target in ["ghost", "gone"] {
+        match handle.handoff_to(target).await {
+            Err(Error::NoSuchReplica { replica_id, .. }) => assert_eq!(replica_id, target),
+            other => panic!("handoff to {target}: expected NoSuchReplica, got {other:?}"),
+        }
+    }
+    assert!(handle.is_serving());
+    create_log(&handle).await;
+    let row = client
+        .query_one(
+            "SELECT state, reserved_for FROM pgtenant.lease_status WHERE tenant = $1",
+            &[&id.key()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "held");
+    assert_eq!(row.get::<_, Option<String>>(1), None);
+    router.close().await;
+}
+
+/// After close() returns no tenant names the replica, even when an acquisition is in flight
+/// while it closes (before, one finishing after the deregistration left its tenant owned by a
+/// departed replica). The acquisition is held inside the database on the tenant's row lock
+/// until close() is under way, then let go.
+#[tokio::test]
+async fn after_close_no_tenant_is_owned_by_the_closed_replica() {
+    let (db, client) = database().await;
+    let id = tenant("inflight");
+    // The tenant exists, free.
+    let maker = router_named(&db, "maker").await;
+    maker
+        .open_or_create(&id)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    maker.close().await;
+
+    let router = std::sync::Arc::new(router_named(&db, "closing").await);
+    let mut blocker = db.connect().await.unwrap();
+    let row_lock = blocker.transaction().await.unwrap();
+    row_lock
+        .execute(
+            "SELECT 1 FROM pgtenant.tenants WHERE key = $1 FOR UPDATE",
+            &[&id.key()],
+        )
+        .await
+        .unwrap();
+    let open = {
+        let (router, id) = (router.clone(), id.clone());
+        tokio::spawn(async move { router.open(&id).await })
+    };
+    let waiting_on_lock = |application: &'static str| {
+        let client = &client;
+        async move {
+            loop {
+                let waiting: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                          WHERE datname = current_database() AND wait_event_type = 'Lock'
+                            AND application_name LIKE $1",
+                        &[&application],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if waiting > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await; // polling a condition
+            }
+        }
+    };
+    // The acquisition (on a data connection) waits for the row lock.
+    tokio::time::timeout(Duration::from_secs(10), waiting_on_lock("%"))
+        .await
+        .expect("the acquisition reached the row lock");
+    let closing = {
+        let router = router.clone();
+        tokio::spawn(async move { router.close().await })
+    };
+    // Close runs until it waits: for the acquisition (in memory), or, were it not to, in the
+    // deregistration behind the acquisition's lock on the replica row.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(2),
+        waiting_on_lock("pgtenant lease closing"),
+    )
+    .await;
+    row_lock.commit().await.unwrap();
+    closing.await.unwrap();
+    let owned: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.tenants WHERE owner = 'closing'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owned, 0, "a tenant is still owned by the closed replica");
+    assert!(open.await.unwrap().is_err(), "the open lost to close");
+}
