@@ -25,9 +25,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use pgtenant::tokio_postgres::types::Type;
-use pgtenant::tokio_postgres::NoTls;
+use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use pgtenant::postgres::types::Type;
+use pgtenant::postgres::NoTls;
 use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinSet;
@@ -174,10 +174,7 @@ struct ThroughputRow {
     errors: u64,
 }
 
-async fn bench_throughput(
-    url: &str,
-    admin: &pgtenant::tokio_postgres::Client,
-) -> Vec<ThroughputRow> {
+async fn bench_throughput(url: &str, admin: &pgtenant::postgres::Client) -> Vec<ThroughputRow> {
     let mut rows = Vec::new();
     for clients in CONCURRENCY {
         // Fenced side: a router whose data-path pool has `clients` connections, one tenant.
@@ -271,7 +268,7 @@ async fn bench_throughput(
 }
 
 fn baseline_pool(url: &str, size: usize) -> Pool {
-    let config: pgtenant::tokio_postgres::Config = url.parse().expect("url");
+    let config: pgtenant::postgres::Config = url.parse().expect("url");
     let manager = Manager::from_config(
         config,
         NoTls,
@@ -443,12 +440,12 @@ async fn unfenced_tx(
                 }
             }
         }
-        Ok::<_, pgtenant::tokio_postgres::Error>(())
+        Ok::<_, pgtenant::postgres::Error>(())
     };
     match (&pin_statement, pin) {
         // try_join polls the pin first, so its messages go out ahead of the work's.
         (Some(statement), Some(schema)) => {
-            let params: [&(dyn pgtenant::tokio_postgres::types::ToSql + Sync); 1] = [&schema];
+            let params: [&(dyn pgtenant::postgres::types::ToSql + Sync); 1] = [&schema];
             tokio::try_join!(tx.query(statement, &params), work).map(|_| ())
         }
         _ => work.await,
@@ -587,7 +584,7 @@ struct HeartbeatRow {
 
 async fn bench_heartbeat(
     url: &str,
-    admin: &pgtenant::tokio_postgres::Client,
+    admin: &pgtenant::postgres::Client,
 ) -> (Vec<HeartbeatRow>, Interleaved) {
     let replica = "heartbeat-bench";
     let router = Router::start(
@@ -598,7 +595,7 @@ async fn bench_heartbeat(
     )
     .await
     .expect("heartbeat router starts");
-    let incarnation = router.incarnation().expect("registered");
+    let incarnation = router.incarnation().expect("registered").get();
     let mut rows = Vec::new();
     let mut have: i64 = 0;
     for held in HELD {
@@ -658,7 +655,7 @@ async fn bench_heartbeat(
 
 /// One heartbeat-equivalent statement for (replica, incarnation), timed; it must renew.
 async fn heartbeat_once(
-    admin: &pgtenant::tokio_postgres::Client,
+    admin: &pgtenant::postgres::Client,
     replica: &str,
     incarnation: i64,
 ) -> Duration {
@@ -687,7 +684,7 @@ async fn heartbeat_once(
 /// 100 000, heartbeats sent round robin (rotating who goes first), so drift hits all three alike.
 async fn interleaved_heartbeats(
     url: &str,
-    admin: &pgtenant::tokio_postgres::Client,
+    admin: &pgtenant::postgres::Client,
     big_replica: &str,
     big_incarnation: i64,
 ) -> Vec<(i64, Vec<Duration>)> {
@@ -703,7 +700,7 @@ async fn interleaved_heartbeats(
         )
         .await
         .expect("heartbeat router starts");
-        let incarnation = router.incarnation().expect("registered");
+        let incarnation = router.incarnation().expect("registered").get();
         admin
             .execute(
                 "INSERT INTO pgtenant.tenants (key, organization, ledger, schema_name, epoch, owner, owner_incarnation)
@@ -743,7 +740,7 @@ async fn interleaved_heartbeats(
 }
 
 /// `SELECT * FROM pgtenant.replica_status`, timed `STATUS_SAMPLES` times after 5 untimed runs.
-async fn time_status(admin: &pgtenant::tokio_postgres::Client) -> Vec<Duration> {
+async fn time_status(admin: &pgtenant::postgres::Client) -> Vec<Duration> {
     let mut status = Vec::with_capacity(STATUS_SAMPLES);
     for i in 0..STATUS_SAMPLES + 5 {
         let t = Instant::now();
@@ -760,7 +757,7 @@ async fn time_status(admin: &pgtenant::tokio_postgres::Client) -> Vec<Duration> 
 
 /// What EXPLAIN ANALYZE says about replica_status: replica rows, the planner's estimate of the
 /// tenants counted per replica, execution time and JIT time.
-async fn explain_status(admin: &pgtenant::tokio_postgres::Client) -> String {
+async fn explain_status(admin: &pgtenant::postgres::Client) -> String {
     let replicas: i64 = admin
         .query_one("SELECT count(*) FROM pgtenant.replicas", &[])
         .await

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pgtenant::tokio_postgres::Client;
+use pgtenant::postgres::Client;
 use pgtenant::{ActiveWork, MigrationOutcome, Router, RouterOptions, TenantHandle, TenantId};
 use tokio::task::JoinSet;
 

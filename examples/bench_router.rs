@@ -198,7 +198,7 @@ struct LedgerHandoff {
     to_first_read: Vec<Duration>,
 }
 
-async fn bench_handoff(url: &str, admin: &pgtenant::tokio_postgres::Client) -> Vec<LedgerHandoff> {
+async fn bench_handoff(url: &str, admin: &pgtenant::postgres::Client) -> Vec<LedgerHandoff> {
     let mut routers = Vec::new();
     for name in ["handoff-a", "handoff-b"] {
         let router = Router::start(
@@ -435,7 +435,7 @@ struct OpenRateRow {
 
 async fn bench_open_rate(
     url: &str,
-    admin: &pgtenant::tokio_postgres::Client,
+    admin: &pgtenant::postgres::Client,
     ids: &Arc<Vec<TenantId>>,
 ) -> Vec<OpenRateRow> {
     let mut rows: Vec<OpenRateRow> = CONCURRENCY
@@ -532,7 +532,7 @@ struct MemoryResult {
 
 async fn bench_memory(
     url: &str,
-    admin: &pgtenant::tokio_postgres::Client,
+    admin: &pgtenant::postgres::Client,
     ids: &Arc<Vec<TenantId>>,
 ) -> MemoryResult {
     admin

@@ -1,41 +1,195 @@
-//! Acquiring a tenant's lease (DESIGN §5 "Acquire tenant", "Open path", "Tenant
-//! migrations"): `pgtenant.acquire`, creation of a new life's schema with the application's
-//! migrations, upgrading a tenant whose schema is behind, and quarantine when a migration fails.
+//! Acquiring a tenant's lease (DESIGN §5 "Acquire tenant", "Open path"): one acquisition per
+//! tenant at a time in this replica, bounded by the open timeout, `pgtenant.acquire`, creation
+//! of a new life's schema with the application's migrations, upgrading a tenant whose schema
+//! is behind, and waiting for a tenant to be free.
 //!
 //! An open of an existing tenant is one control-plane call (one round trip). A creation runs
 //! the acquisition, `CREATE SCHEMA`, the tenant migrations and the bookkeeping in ONE
 //! transaction: a failure leaves nothing behind, not even the epoch bump.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use tokio::sync::broadcast;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use crate::control;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::handle::{HandleInner, TenantHandle};
+use crate::handle::{Acquired, HandleInner, TenantHandle};
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
-use crate::liveness::Credentials;
-use crate::router::{lock, pool_error, Shared};
+use crate::lease::{Epoch, HandleState};
+use crate::liveness::{Credentials, FREE_CHANNEL};
+use crate::replica::{lock, pool_error, Shared};
+use crate::sqlstate::{self, Scope};
+use crate::tenant_migrations::{after_failed_migration, give_back, migrate_existing};
 
-/// The repair an operator reads for a tenant whose migration failed.
-const MIGRATION_REPAIR: &str = "fix the migration (or the tenant's data it trips on) and deploy it, then clear the quarantine (pgtenant clear, or pgtenant::clear_quarantine)";
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
 const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine";
-
-/// SQLSTATE of `CREATE SCHEMA` for a name that is taken.
-const DUPLICATE_SCHEMA: &str = "42P06";
 
 const ACQUIRE_SQL: &str =
     "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
        FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7)";
 
+/// Serving here already, draining here, or None.
+fn local(shared: &Shared, id: &TenantId) -> Option<Result<TenantHandle>> {
+    let inner = shared.handle(id)?;
+    match inner.state() {
+        HandleState::Serving if inner.is_serving() => Some(Ok(TenantHandle::from_inner(inner))),
+        HandleState::Draining => Some(Err(Error::Draining { tenant: id.clone() })),
+        _ => None,
+    }
+}
+
+/// [`Router::open`](crate::Router::open) and `open_or_create`: concurrent opens of one tenant
+/// share one acquisition, capacity counts those opening, and the whole open is bounded.
+#[tracing::instrument(skip_all, fields(tenant = %id))]
+pub(crate) async fn open(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    create: bool,
+) -> Result<TenantHandle> {
+    if shared.is_closed() {
+        return Err(Error::RouterClosed);
+    }
+    if let Some(found) = local(shared, id) {
+        return found;
+    }
+    let gate = {
+        let mut opening = lock(&shared.opening);
+        match opening.get(id) {
+            Some(gate) => gate.clone(),
+            None => {
+                let max = shared.options.max_open_tenants;
+                if lock(&shared.handles).len() + opening.len() >= max {
+                    return Err(Error::AtCapacity { max });
+                }
+                opening.entry(id.clone()).or_default().clone()
+            }
+        }
+    };
+    let turn = gate.lock().await;
+    let result = match local(shared, id) {
+        Some(found) => found,
+        None => bounded(shared, id, create).await,
+    };
+    drop(turn);
+    {
+        let mut opening = lock(&shared.opening);
+        // The last one through removes the gate; a waiter still holds a clone otherwise.
+        if Arc::strong_count(&gate) <= 2 {
+            opening.remove(id);
+        }
+    }
+    result.map_err(|error| shared.explain_down(error))
+}
+
+/// One acquisition task running, counted until it ends (even by a panic): close() waits for
+/// them.
+struct Running(Arc<Shared>);
+
+impl Running {
+    fn begin(shared: &Arc<Shared>) -> Running {
+        shared.acquiring.fetch_add(1, Ordering::AcqRel);
+        Running(shared.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.acquiring.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.acquired.notify_waiters();
+        }
+    }
+}
+
+/// Runs the acquisition in its own task so that a timeout (or a caller that stops waiting)
+/// cannot strand a lease: a late success finds nobody to take it and releases it.
+async fn bounded(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<TenantHandle> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (task_shared, task_id) = (shared.clone(), id.clone());
+    let running = Running::begin(shared);
+    let started = Instant::now();
+    tokio::spawn(
+        async move {
+            let _running = running;
+            let result = acquire(&task_shared, &task_id, create).await;
+            if let Err(Ok(late)) = tx.send(result) {
+                info!("open gave up before the lease arrived: releasing it");
+                let _ = late.abandon().await;
+            }
+        }
+        .in_current_span(),
+    );
+    let timeout = shared.options.open_timeout;
+    let outcome = match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(result)) => result,
+        // The task ended without answering (it panicked), or the bound passed.
+        Ok(Err(_)) | Err(_) => Err(Error::OpenTimeout {
+            tenant: id.clone(),
+            timeout,
+        }),
+    };
+    crate::metrics::open_finished(started.elapsed(), outcome.is_ok());
+    outcome
+}
+
+/// [`Router::wait_for`](crate::Router::wait_for): opens once the tenant is free, woken by the
+/// release's NOTIFY or, for an owner that died or stalled, at its expiry.
+pub(crate) async fn wait_for(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    timeout: Duration,
+) -> Result<TenantHandle> {
+    // Pauses between attempts are short (ttl, backoff); the cap keeps `now + pause` finite.
+    const LONGEST_PAUSE: Duration = Duration::from_secs(3600);
+    let deadline = Instant::now().checked_add(timeout);
+    let mut notices = shared.notices.subscribe();
+    let (first, max) = shared.options.reconnect_backoff;
+    let mut backoff = first;
+    loop {
+        let pause = match open(shared, id, false).await {
+            Ok(handle) => return Ok(handle),
+            Err(Error::LeaseHeld { expires_in, .. }) => {
+                expires_in.unwrap_or(shared.options.ttl) + Duration::from_millis(5)
+            }
+            Err(error) if error.is_retryable() => {
+                let pause = backoff;
+                backoff = backoff.saturating_mul(2).min(max);
+                pause
+            }
+            Err(error) => return Err(error),
+        };
+        let now = Instant::now();
+        if deadline.is_some_and(|deadline| now >= deadline) {
+            return Err(Error::OpenTimeout {
+                tenant: id.clone(),
+                timeout,
+            });
+        }
+        let wake = now + pause.min(LONGEST_PAUSE);
+        let wake = deadline.map_or(wake, |deadline| wake.min(deadline));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.into()) => break,
+                notice = notices.recv() => match notice {
+                    Ok(n) if n.channel == FREE_CHANNEL && n.payload == id.key() => break,
+                    Ok(_) => continue,
+                    // Missed some: the one we wait for may be among them.
+                    Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+    }
+}
+
 /// What `pgtenant.acquire` answered.
-struct Acquired {
-    epoch: i64,
+struct Answer {
+    epoch: Epoch,
     schema: Option<String>,
     previous_owner: Option<String>,
     took_over: Option<String>,
@@ -44,36 +198,56 @@ struct Acquired {
     lock_key: i32,
 }
 
-impl Acquired {
-    fn from_row(row: &Row) -> std::result::Result<Acquired, tokio_postgres::Error> {
-        Ok(Acquired {
-            epoch: row.try_get(0)?,
-            schema: row.try_get(1)?,
-            previous_owner: row.try_get(2)?,
-            took_over: row.try_get(3)?,
-            quarantine: row.try_get(4)?,
-            version: i64::from(row.try_get::<_, i32>(5)?),
-            lock_key: row.try_get(6)?,
-        })
+impl Answer {
+    fn from_rows(rows: Vec<Row>, id: &TenantId) -> Result<Answer> {
+        let row = rows.first().ok_or_else(|| Error::UnexpectedReply {
+            context: format!("acquire tenant {id}"),
+            detail: "pgtenant.acquire returned no row".to_owned(),
+        })?;
+        let read = |row: &Row| -> std::result::Result<Answer, tokio_postgres::Error> {
+            Ok(Answer {
+                epoch: Epoch::new(row.try_get(0)?),
+                schema: row.try_get(1)?,
+                previous_owner: row.try_get(2)?,
+                took_over: row.try_get(3)?,
+                quarantine: row.try_get(4)?,
+                version: i64::from(row.try_get::<_, i32>(5)?),
+                lock_key: row.try_get(6)?,
+            })
+        };
+        read(row).map_err(Error::db("read an acquisition"))
     }
 }
 
-/// One `pgtenant.acquire` call; `run` sends it (in a control call, or in a transaction).
-fn acquired_from(rows: Vec<Row>, id: &TenantId) -> Result<Acquired, Error> {
-    let row = rows.first().ok_or_else(|| Error::UnexpectedReply {
-        context: format!("acquire tenant {id}"),
-        detail: "pgtenant.acquire returned no row".to_owned(),
-    })?;
-    Acquired::from_row(row).map_err(Error::db(format!("acquire tenant {id}")))
+/// `pgtenant.acquire`'s parameters, in order.
+fn acquire_params<'p>(
+    (key, organization, ledger, secret): &'p (&str, &str, &str, &str),
+    credentials: &'p Credentials,
+    incarnation: &'p i64,
+    create: &'p bool,
+) -> [(&'p (dyn ToSql + Sync), Type); 7] {
+    [
+        (key, Type::TEXT),
+        (organization, Type::TEXT),
+        (ledger, Type::TEXT),
+        (&credentials.replica, Type::TEXT),
+        (incarnation, Type::INT8),
+        (secret, Type::TEXT),
+        (create, Type::BOOL),
+    ]
 }
 
-/// Acquires the lease and registers the handle. Runs in its own task (see
-/// `Router::acquire_bounded`), so a caller that stops waiting cannot strand a lease.
-pub(crate) async fn acquire_now(
-    shared: &Arc<Shared>,
-    id: &TenantId,
-    create: bool,
-) -> Result<TenantHandle> {
+fn scope<'a>(id: &'a TenantId, credentials: &'a Credentials) -> Scope<'a> {
+    Scope {
+        doing: "acquire a lease",
+        tenant: Some(id),
+        epoch: Epoch::new(0),
+        replica: &credentials.replica,
+    }
+}
+
+/// Acquires the lease and registers the handle. Runs in its own task (see [`bounded`]).
+async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<TenantHandle> {
     let credentials = shared
         .liveness
         .credentials()
@@ -87,70 +261,63 @@ pub(crate) async fn acquire_now(
         .map_err(pool_error("acquire a lease"))?;
     // Existing tenants, the common case, in one round trip; a tenant to create comes back as
     // not found (nothing committed) and is created in a transaction of its own.
-    let (key, organization, ledger, secret) = (
+    let texts = (
         id.key(),
         id.organization(),
         id.ledger(),
         credentials.secret(),
     );
+    let incarnation = credentials.incarnation.get();
     let opened = control::call(
         &client,
         ACQUIRE_SQL,
-        &[
-            (&key, Type::TEXT),
-            (&organization, Type::TEXT),
-            (&ledger, Type::TEXT),
-            (&credentials.replica, Type::TEXT),
-            (&credentials.incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&false, Type::BOOL),
-        ],
+        &acquire_params(&texts, &credentials, &incarnation, &false),
     )
     .await
-    .map_err(|error| acquire_error(id, &credentials.replica, error))
-    .and_then(|rows| acquired_from(rows, id));
-    let acquired = match opened {
-        Ok(acquired) => acquired,
+    .map_err(|error| sqlstate::map(error, &scope(id, &credentials)))
+    .and_then(|rows| Answer::from_rows(rows, id));
+    let answer = match opened {
+        Ok(answer) => answer,
         Err(Error::TenantNotFound { .. }) if create => {
             return create_tenant(shared, &mut client, id, &credentials).await;
         }
         Err(error) => return Err(error),
     };
-    if let Some(cause) = acquired.quarantine {
+    if let Some(cause) = answer.quarantine {
         warn!(%cause, "tenant quarantined");
         shared.emit(Event::Quarantined {
-            tenant: id.key().to_owned(),
+            tenant: id.clone(),
             cause: cause.clone(),
         });
         return Err(Error::Quarantined {
-            tenant: id.key().to_owned(),
+            tenant: id.clone(),
             cause,
             repair: MISSING_SCHEMA_REPAIR.to_owned(),
         });
     }
-    let epoch = acquired.epoch;
-    tracing::Span::current().record("epoch", epoch);
-    let Some(schema) = acquired.schema else {
+    let epoch = answer.epoch;
+    tracing::Span::current().record("epoch", epoch.get());
+    let Some(schema) = answer.schema else {
         // Only a creation acquires a tenant without a schema, and this was not one.
         give_back(shared, &client, id, epoch, &credentials).await;
         return Err(Error::TenantNotFound {
-            tenant: id.key().to_owned(),
+            tenant: id.clone(),
             message: "it has no live schema".to_owned(),
         });
     };
     let code = shared.options.code_version();
-    let version = acquired.version;
+    let version = answer.version;
     if version > code {
         give_back(shared, &client, id, epoch, &credentials).await;
         return Err(Error::SchemaAhead {
-            tenant: id.key().to_owned(),
+            tenant: id.clone(),
             found: version,
             supported: code,
         });
     }
     let mut migrated_from = None;
     if version < code {
-        let lease = (epoch, acquired.lock_key);
+        let lease = (epoch, answer.lock_key);
         let migrated =
             migrate_existing(shared, &mut client, id, lease, &credentials, &schema).await;
         if let Err(error) = migrated {
@@ -165,7 +332,7 @@ pub(crate) async fn acquire_now(
             .await);
         }
         shared.emit(Event::Migrated {
-            tenant: id.key().to_owned(),
+            tenant: id.clone(),
             epoch,
             from: version,
             to: code,
@@ -173,19 +340,23 @@ pub(crate) async fn acquire_now(
         migrated_from = Some(version);
     }
     drop(client);
-    info!(epoch, took_over = ?acquired.took_over, "acquired");
-    install_handle(
-        shared,
-        id,
-        (epoch, credentials, acquired.lock_key, migrated_from),
+    info!(%epoch, took_over = ?answer.took_over, "acquired");
+    if answer.took_over.is_some() {
+        crate::metrics::takeover();
+    }
+    let event = Event::Acquired {
+        tenant: id.clone(),
+        epoch,
+        took_over_from: answer.took_over.and(answer.previous_owner),
+    };
+    let lease = Acquired {
+        epoch,
+        credentials,
+        lock_key: answer.lock_key,
+        migrated_from,
         schema,
-        Event::Acquired {
-            tenant: id.key().to_owned(),
-            epoch,
-            took_over_from: acquired.took_over.and(acquired.previous_owner),
-        },
-    )
-    .await
+    };
+    install_handle(shared, id, lease, event).await
 }
 
 /// A new life: acquisition, schema, migrations and bookkeeping in one transaction. The schema
@@ -200,7 +371,7 @@ async fn create_tenant(
     for salt in 0..SCHEMA_NAME_SALTS {
         match create_once(shared, client, id, credentials, salt).await {
             Err(Error::Database { source, .. })
-                if source.code().map(|c| c.code()) == Some(DUPLICATE_SCHEMA) =>
+                if sqlstate::of(&source) == Some(sqlstate::DUPLICATE_SCHEMA) =>
             {
                 warn!(salt, "schema name taken: trying the next derived name");
             }
@@ -235,100 +406,94 @@ async fn create_once(
         .read_only(false)
         .start()
         .await
-        .map_err(Error::db(context()))?;
-    let (key, organization, ledger, secret) = (
+        .map_err(Error::db_with(context))?;
+    let texts = (
         id.key(),
         id.organization(),
         id.ledger(),
         credentials.secret(),
     );
-    let params: [(&(dyn ToSql + Sync), Type); 7] = [
-        (&key, Type::TEXT),
-        (&organization, Type::TEXT),
-        (&ledger, Type::TEXT),
-        (&credentials.replica, Type::TEXT),
-        (&credentials.incarnation, Type::INT8),
-        (&secret, Type::TEXT),
-        (&true, Type::BOOL),
-    ];
+    let incarnation = credentials.incarnation.get();
+    let params = acquire_params(&texts, credentials, &incarnation, &true);
     let (scrubbed, acquired) = tokio::join!(
         tx.batch_execute("SELECT pgtenant.reset_session(NULL)"),
         tx.query_typed(ACQUIRE_SQL, &params),
     );
-    scrubbed.map_err(Error::db(context()))?;
-    let acquired = acquired
-        .map_err(|error| acquire_error(id, &credentials.replica, error))
-        .and_then(|rows| acquired_from(rows, id))?;
-    if acquired.schema.is_some() || acquired.quarantine.is_some() {
+    scrubbed.map_err(Error::db_with(context))?;
+    let answer = acquired
+        .map_err(|error| sqlstate::map(error, &scope(id, credentials)))
+        .and_then(|rows| Answer::from_rows(rows, id))?;
+    if answer.schema.is_some() || answer.quarantine.is_some() {
         // Created by another replica between our two calls: open it the ordinary way.
         drop(tx);
-        return Box::pin(acquire_now(shared, id, false)).await;
+        return Box::pin(acquire(shared, id, false)).await;
     }
-    let epoch = acquired.epoch;
-    tracing::Span::current().record("epoch", epoch);
-    let schema = id.schema_name_salted(epoch, salt);
+    let epoch = answer.epoch;
+    tracing::Span::current().record("epoch", epoch.get());
+    let schema = id.schema_name_salted(epoch.get(), salt);
     // The name is derived from a validated id: [a-z0-9_] only, so it needs no quoting.
     tx.batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
-        .map_err(Error::db(context()))?;
+        .map_err(Error::db_with(context))?;
     tx.execute(
         "SELECT set_config('search_path', $1, true)",
         &[&format!("{schema}, pg_temp")],
     )
     .await
-    .map_err(Error::db(context()))?;
-    crate::ledger::apply(&tx, &shared.options.migrations).await?;
+    .map_err(Error::db_with(context))?;
+    crate::tenant_migrations::apply(&tx, &shared.options.migrations).await?;
     let version = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
+    let epoch_value = epoch.get();
     tx.query_typed(
         "SELECT pgtenant.schema_created($1, $2, $3, $4, $5, $6, $7)",
         &[
-            (&key, Type::TEXT),
-            (&epoch, Type::INT8),
+            (&texts.0, Type::TEXT),
+            (&epoch_value, Type::INT8),
             (&credentials.replica, Type::TEXT),
-            (&credentials.incarnation, Type::INT8),
-            (&secret, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&texts.3, Type::TEXT),
             (&schema, Type::TEXT),
             (&version, Type::INT4),
         ],
     )
     .await
-    .map_err(Error::db(context()))?;
-    tx.commit().await.map_err(Error::db(context()))?;
+    .map_err(Error::db_with(context))?;
+    tx.commit().await.map_err(Error::db_with(context))?;
     shared.emit(Event::Created {
-        tenant: id.key().to_owned(),
+        tenant: id.clone(),
         epoch,
         schema: schema.clone(),
     });
-    info!(epoch, %schema, "created");
-    install_handle(
-        shared,
-        id,
-        (epoch, credentials.clone(), acquired.lock_key, None),
+    info!(%epoch, %schema, "created");
+    let event = Event::Acquired {
+        tenant: id.clone(),
+        epoch,
+        took_over_from: answer.took_over.and(answer.previous_owner),
+    };
+    let lease = Acquired {
+        epoch,
+        credentials: credentials.clone(),
+        lock_key: answer.lock_key,
+        migrated_from: None,
         schema,
-        Event::Acquired {
-            tenant: id.key().to_owned(),
-            epoch,
-            took_over_from: acquired.took_over.and(acquired.previous_owner),
-        },
-    )
-    .await
+    };
+    install_handle(shared, id, lease, event).await
 }
 
 /// Registers a freshly acquired lease as this replica's handle.
 pub(crate) async fn install_handle(
     shared: &Arc<Shared>,
     id: &TenantId,
-    (epoch, credentials, lock_key, migrated_from): (i64, Arc<Credentials>, i32, Option<i64>),
-    schema: String,
+    lease: Acquired,
     event: Event,
 ) -> Result<TenantHandle> {
-    let inner = Arc::new(HandleInner::new(
-        id.clone(),
-        (epoch, credentials, lock_key, migrated_from),
-        schema,
-        shared.clone(),
-    ));
-    lock(&shared.handles).insert(id.key().to_owned(), inner.clone());
+    let inner = Arc::new(HandleInner::new(id.clone(), lease, shared.clone()));
+    {
+        let mut handles = lock(&shared.handles);
+        handles.insert(id.clone(), inner.clone());
+        crate::metrics::leases_held(handles.len());
+    }
+    crate::metrics::lease_acquired();
     shared.emit(event);
     let handle = TenantHandle::from_inner(inner);
     // Closed while acquiring: give it straight back rather than leak it.
@@ -337,171 +502,4 @@ pub(crate) async fn install_handle(
         return Err(Error::RouterClosed);
     }
     Ok(handle)
-}
-
-/// Gives a lease acquired in vain straight back (a schema ahead of the code, say).
-async fn give_back(
-    shared: &Shared,
-    client: &tokio_postgres::Client,
-    id: &TenantId,
-    epoch: i64,
-    credentials: &Credentials,
-) {
-    let released =
-        crate::release::release_now(client, credentials, &[(id, epoch, "released", None)]).await;
-    if let Err(error) = released {
-        warn!(tenant = %id, %error, replica = %shared.options.replica_id, "could not give the lease back; it ends with its expiry");
-    }
-}
-
-/// A migration that failed quarantines the tenant (which also ends the lease); any other
-/// failure just gives the lease back. `epoch` is None for a creation, which rolled back whole.
-pub(crate) async fn after_failed_migration(
-    shared: &Shared,
-    client: &tokio_postgres::Client,
-    id: &TenantId,
-    epoch: Option<i64>,
-    credentials: &Credentials,
-    error: Error,
-) -> Error {
-    let Error::MigrationFailed { cause } = error else {
-        if let Some(epoch) = epoch {
-            give_back(shared, client, id, epoch, credentials).await;
-        }
-        return error;
-    };
-    let (key, organization, ledger, secret) = (
-        id.key(),
-        id.organization(),
-        id.ledger(),
-        credentials.secret(),
-    );
-    let quarantined = control::call(
-        client,
-        "SELECT pgtenant.quarantine($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        &[
-            (&key, Type::TEXT),
-            (&organization, Type::TEXT),
-            (&ledger, Type::TEXT),
-            (&epoch, Type::INT8),
-            (&credentials.replica, Type::TEXT),
-            (&credentials.incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&cause, Type::TEXT),
-            (&MIGRATION_REPAIR, Type::TEXT),
-        ],
-    )
-    .await;
-    if let Err(db) = quarantined {
-        warn!(error = %Error::db("quarantine")(db), "could not record the quarantine");
-    }
-    warn!(%cause, "tenant quarantined");
-    shared.emit(Event::Quarantined {
-        tenant: id.key().to_owned(),
-        cause: cause.clone(),
-    });
-    Error::Quarantined {
-        tenant: id.key().to_owned(),
-        cause,
-        repair: MIGRATION_REPAIR.to_owned(),
-    }
-}
-
-/// Brings an existing tenant up to the code's version, in one fenced read-write transaction.
-pub(crate) async fn migrate_existing(
-    shared: &Shared,
-    client: &mut deadpool_postgres::Object,
-    id: &TenantId,
-    (epoch, lock_key): (i64, i32),
-    credentials: &Credentials,
-    schema: &str,
-) -> Result<()> {
-    let context = || format!("migrate tenant {id} at epoch {epoch}");
-    let tx = client
-        .build_transaction()
-        .read_only(false)
-        .start()
-        .await
-        .map_err(Error::db(context()))?;
-    let (key, secret) = (id.key(), credentials.secret());
-    tx.query_typed(
-        "SELECT pgtenant.fence($1, $2, $3, $4)",
-        &[
-            (&key, Type::TEXT),
-            (&epoch, Type::INT8),
-            (&lock_key, Type::INT4),
-            (&shared.idle_timeout_ms, Type::TEXT),
-        ],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    let applied = crate::ledger::apply(&tx, &shared.options.migrations).await?;
-    let code = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
-    tx.query_typed(
-        "SELECT pgtenant.schema_migrated($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            (&key, Type::TEXT),
-            (&epoch, Type::INT8),
-            (&credentials.replica, Type::TEXT),
-            (&credentials.incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&code, Type::INT4),
-            (&format!("{schema}: {}", applied.join(", ")), Type::TEXT),
-        ],
-    )
-    .await
-    .map_err(Error::db(context()))?;
-    tx.commit().await.map_err(Error::db(context()))
-}
-
-#[derive(serde::Deserialize)]
-struct HeldDetail {
-    owner: String,
-    epoch: i64,
-    owner_alive: bool,
-    expires_in_ms: Option<u64>,
-    reserved: bool,
-}
-
-/// Maps `pgtenant.acquire`'s (and `restore`'s) refusals to their errors.
-pub(crate) fn acquire_error(id: &TenantId, replica: &str, error: tokio_postgres::Error) -> Error {
-    let Some(db) = error.as_db_error() else {
-        return Error::db(format!("acquire tenant {id}"))(error);
-    };
-    match db.code().code() {
-        "PTL01" => match db
-            .detail()
-            .and_then(|d| serde_json::from_str::<HeldDetail>(d).ok())
-        {
-            Some(held) => Error::LeaseHeld {
-                tenant: id.key().to_owned(),
-                owner: held.owner,
-                epoch: held.epoch,
-                owner_alive: held.owner_alive,
-                expires_in: held.expires_in_ms.map(Duration::from_millis),
-                reserved: held.reserved,
-            },
-            None => Error::db(format!("acquire tenant {id}"))(error),
-        },
-        "PTL02" => Error::ReplicaDown {
-            replica_id: replica.to_owned(),
-        },
-        "PTN01" => Error::TenantNotFound {
-            tenant: id.key().to_owned(),
-            message: db.message().to_owned(),
-        },
-        "PTQ01" => {
-            let detail: serde_json::Value = db
-                .detail()
-                .and_then(|d| serde_json::from_str(d).ok())
-                .unwrap_or_default();
-            let text = |k: &str| detail[k].as_str().unwrap_or("").to_owned();
-            Error::Quarantined {
-                tenant: id.key().to_owned(),
-                cause: text("cause"),
-                repair: text("repair"),
-            }
-        }
-        _ => Error::db(format!("acquire tenant {id}"))(error),
-    }
 }

@@ -91,7 +91,7 @@ impl Connector {
         let context = || format!("{purpose} ({})", target(&config));
         match tokio::time::timeout(self.timeout, (self.connect)(config.clone())).await {
             Ok(Ok(connected)) => Ok(connected),
-            Ok(Err(error)) => Err(Error::db(context())(error)),
+            Ok(Err(error)) => Err(Error::db_with(context)(error)),
             Err(_) => Err(Error::ConnectTimeout {
                 context: context(),
                 timeout: self.timeout,
@@ -202,6 +202,36 @@ fn data_session_config(options: &RouterOptions) -> tokio_postgres::Config {
         .keepalives_interval(std::time::Duration::from_secs(2))
         .keepalives_retries(3);
     config
+}
+
+/// A pool the application built must give read-only-by-default sessions (G6), from the
+/// connection's startup options or the role's or database's defaults, since pgtenant resets
+/// session settings between tenants.
+pub(crate) async fn check_read_only(pool: &Pool) -> Result<()> {
+    let client = pool
+        .get()
+        .await
+        .map_err(crate::replica::pool_error("check the data-path pool"))?;
+    let reset_value: String = client
+        .query_typed_one(
+            "SELECT reset_val FROM pg_settings WHERE name = 'default_transaction_read_only'",
+            &[],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db("check the data-path pool"))?;
+    if reset_value == "on" {
+        return Ok(());
+    }
+    Err(Error::InvalidOption {
+        option: "pool",
+        reason: "its sessions are not read-only by default, so work that ends its fenced \
+                 transaction itself could write unfenced: add `options=-c default_transaction_read_only=on` \
+                 to the pool's connection config (or `ALTER ROLE <app> SET default_transaction_read_only = on` \
+                 behind a transaction-mode pooler, which drops startup options), or accept the risk \
+                 with RouterOptions::read_only_data_sessions(false)"
+            .to_owned(),
+    })
 }
 
 #[cfg(test)]

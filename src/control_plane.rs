@@ -209,6 +209,40 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
     Ok(SetupReport { applied, version })
 }
 
+/// [`setup`] on a connection of its own to `url` (without TLS: with TLS, connect yourself and
+/// call [`setup`]). The connection, startup included, is bounded by the URL's
+/// `connect_timeout`, else [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT).
+///
+/// # Errors
+/// [`Error::InvalidOption`] for a URL that does not parse; otherwise as [`setup`].
+pub async fn setup_url(url: &str) -> Result<SetupReport> {
+    let config: tokio_postgres::Config =
+        url.parse()
+            .map_err(|error: tokio_postgres::Error| Error::InvalidOption {
+                option: "database_url",
+                reason: format!("{error}; expected postgres://user@host:port/database"),
+            })?;
+    let bound = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(crate::DEFAULT_CONNECT_TIMEOUT);
+    let connected = tokio::time::timeout(bound, config.connect(tokio_postgres::NoTls)).await;
+    let (mut client, connection) = match connected {
+        Ok(connected) => connected.map_err(Error::db("connect for control-plane setup"))?,
+        Err(_) => {
+            return Err(Error::ConnectTimeout {
+                context: "connect for control-plane setup".to_owned(),
+                timeout: bound,
+            })
+        }
+    };
+    let driver = tokio::spawn(connection);
+    let report = setup(&mut client).await;
+    drop(client);
+    let _ = driver.await;
+    report
+}
+
 /// The control plane's version in this database: 0 when it has none.
 pub async fn control_plane_version(client: &Client) -> Result<i64> {
     read_version(client).await

@@ -2,12 +2,10 @@
 
 use std::fmt;
 
-use crate::id::InvalidTenantId;
+use std::borrow::Cow;
 
-/// SQLSTATE raised by `pgtenant.fence` when a handle's epoch is no longer the tenant's epoch.
-pub const SQLSTATE_FENCED: &str = "PTF01";
-/// SQLSTATE raised by `pgtenant.fence` when the tenant has been forgotten or has no schema.
-pub const SQLSTATE_FORGOTTEN: &str = "PTF02";
+use crate::id::{InvalidTenantId, TenantId};
+use crate::lease::Epoch;
 
 /// Everything that can go wrong in pgtenant.
 ///
@@ -22,6 +20,7 @@ pub enum Error {
 
     /// An option is out of its range; nothing was started or changed.
     #[error("invalid option `{option}`: {reason}")]
+    #[non_exhaustive]
     InvalidOption {
         /// The option's name.
         option: &'static str,
@@ -31,9 +30,10 @@ pub enum Error {
 
     /// A database call failed. Display carries the server's SQLSTATE and message.
     #[error("{context}: {}", DbCause(source))]
+    #[non_exhaustive]
     Database {
         /// What pgtenant was doing.
-        context: String,
+        context: Cow<'static, str>,
         /// The driver's error.
         #[source]
         source: tokio_postgres::Error,
@@ -48,6 +48,7 @@ pub enum Error {
          authentication) in time; check that host and port point at a PostgreSQL server that is up, \
          or raise RouterOptions::connect_timeout; retry later"
     )]
+    #[non_exhaustive]
     ConnectTimeout {
         /// What pgtenant was connecting for, and where.
         context: String,
@@ -57,6 +58,7 @@ pub enum Error {
 
     /// No connection could be had from the pool in time, or the pool is closed.
     #[error("{context}: no database connection: {reason}")]
+    #[non_exhaustive]
     Pool {
         /// What pgtenant was doing.
         context: String,
@@ -69,6 +71,7 @@ pub enum Error {
         "the database's pgtenant control plane is at version {found}, but this library knows versions up to {supported}: \
          upgrade pgtenant in this application (never downgrade a database's control plane)"
     )]
+    #[non_exhaustive]
     ControlPlaneTooNew {
         /// The version recorded in the database.
         found: i64,
@@ -81,6 +84,7 @@ pub enum Error {
         "the database's pgtenant control plane is at version {found}, this library needs {needed}: \
          run `pgtenant setup` or pgtenant::setup() first"
     )]
+    #[non_exhaustive]
     ControlPlaneOutdated {
         /// The version recorded in the database (0: none).
         found: i64,
@@ -99,6 +103,7 @@ pub enum Error {
         since.as_ref().map(|s| format!(", since {s}")).unwrap_or_default(),
         host.as_ref().map(|h| format!(", host {h}")).unwrap_or_default()
     )]
+    #[non_exhaustive]
     ReplicaIdInUse {
         /// The replica id.
         replica_id: String,
@@ -120,13 +125,14 @@ pub enum Error {
         if *reserved { "reserved for" } else { "held by" },
         expires_in.map(|d| format!(" (lease expires in {} ms unless renewed)", d.as_millis())).unwrap_or_default()
     )]
+    #[non_exhaustive]
     LeaseHeld {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The replica holding (or reserved) the tenant.
         owner: String,
         /// The tenant's current epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// Whether the owner was alive when asked.
         owner_alive: bool,
         /// Time left on the owner's heartbeat (database clock).
@@ -137,18 +143,20 @@ pub enum Error {
 
     /// The tenant does not exist (or has no live schema) and was not asked to be created.
     #[error("tenant {tenant} does not exist: {message}; create it with Router::open_or_create")]
+    #[non_exhaustive]
     TenantNotFound {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The database's words.
         message: String,
     },
 
     /// The tenant is quarantined: opening it failed for a reason inside the tenant.
     #[error("tenant {tenant} is quarantined: {cause}; repair: {repair}")]
+    #[non_exhaustive]
     Quarantined {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// What failed.
         cause: String,
         /// What to do about it.
@@ -158,32 +166,35 @@ pub enum Error {
     /// PostgreSQL refused a transaction because this handle's epoch is no longer current: the
     /// lease was taken over or released. Nothing of the transaction was committed.
     #[error("fenced: {message}")]
+    #[non_exhaustive]
     Fenced {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The handle's epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// The database's words, naming the current epoch.
         message: String,
     },
 
     /// The tenant was forgotten; no handle of an epoch up to the forgotten one can commit.
     #[error("tenant {tenant} was forgotten: epoch {epoch} can never commit again")]
+    #[non_exhaustive]
     Forgotten {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The handle's epoch.
-        epoch: i64,
+        epoch: Epoch,
     },
 
     /// This handle's lease is over for good (lost, released, or the replica re-registered):
     /// open the tenant again for a new handle.
     #[error("lease on tenant {tenant} at epoch {epoch} is {reason}: open the tenant again")]
+    #[non_exhaustive]
     LeaseLost {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The handle's epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// Why: "lost", "released", "abandoned", ….
         reason: &'static str,
     },
@@ -191,11 +202,12 @@ pub enum Error {
     /// The replica's heartbeat has not succeeded within ttl − margin: the handle refuses work
     /// until a heartbeat succeeds again. Retryable.
     #[error("lease on tenant {tenant} at epoch {epoch} expired locally: heartbeats are failing; retry shortly")]
+    #[non_exhaustive]
     ExpiredLocally {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The handle's epoch.
-        epoch: i64,
+        epoch: Epoch,
     },
 
     /// The replica is not registered right now (its lease session dropped and it is
@@ -205,6 +217,7 @@ pub enum Error {
         "replica {replica_id} is not registered right now: its lease session dropped and it is registering \
          again (Router::summary and Event::RegistrationFailed say why it has not yet); retry shortly"
     )]
+    #[non_exhaustive]
     ReplicaDown {
         /// The replica id.
         replica_id: String,
@@ -217,6 +230,7 @@ pub enum Error {
     /// The replica already serves as many tenants as `max_open_tenants` allows (counting those
     /// opening and draining).
     #[error("this replica is at capacity ({max} tenants, counting those opening and draining): hand some off or raise max_open_tenants")]
+    #[non_exhaustive]
     AtCapacity {
         /// The configured maximum.
         max: usize,
@@ -225,16 +239,18 @@ pub enum Error {
     /// The tenant is being handed off by this replica: it takes no new work. Retryable (it will
     /// be served by another replica, or again here if the handoff fails).
     #[error("tenant {tenant} is being handed off by this replica; retry shortly")]
+    #[non_exhaustive]
     Draining {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
     },
 
     /// A handoff gave up waiting for work in flight; the tenant keeps being served here.
     #[error("handoff of tenant {tenant} gave up after {timeout:?} with {in_flight} unit(s) of work still running; it keeps serving here")]
+    #[non_exhaustive]
     DrainTimeout {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// Work still running when the drain gave up.
         in_flight: usize,
         /// The drain timeout.
@@ -244,6 +260,7 @@ pub enum Error {
     /// A tenant migration failed; its transaction rolled back. At open this becomes
     /// [`Error::Quarantined`] with this cause.
     #[error("tenant migration failed: {cause}")]
+    #[non_exhaustive]
     MigrationFailed {
         /// The failing migration and the database's message.
         cause: String,
@@ -255,9 +272,10 @@ pub enum Error {
         "tenant {tenant} is at schema version {found}, ahead of this code's {supported}: \
          serve it from a replica running newer code, or deploy it here"
     )]
+    #[non_exhaustive]
     SchemaAhead {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The tenant's recorded version.
         found: i64,
         /// The newest version this code's migrations reach.
@@ -266,18 +284,20 @@ pub enum Error {
 
     /// `forget` with [`ActiveWork::Refuse`](crate::ActiveWork::Refuse) found work in flight.
     #[error("tenant {tenant} has {in_flight} unit(s) of work in flight: forget with ActiveWork::Drain or ActiveWork::Cancel, or retry when idle")]
+    #[non_exhaustive]
     Busy {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// Work in flight.
         in_flight: usize,
     },
 
     /// A restore was refused.
     #[error("cannot restore tenant {tenant}: {reason}")]
+    #[non_exhaustive]
     RestoreRefused {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// Why (a new life exists, nothing left in the trash).
         reason: String,
     },
@@ -291,15 +311,17 @@ pub enum Error {
          (COMMIT or ROLLBACK inside it): nothing after that point committed; leave transaction \
          control to pgtenant (return an error to roll back)"
     )]
+    #[non_exhaustive]
     TransactionEnded {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The handle's epoch.
-        epoch: i64,
+        epoch: Epoch,
     },
 
     /// A handoff named a replica that is not registered and alive.
     #[error("cannot hand off to replica {replica_id}: {message}; hand off to a running replica (pgtenant.replica_status lists them)")]
+    #[non_exhaustive]
     NoSuchReplica {
         /// The replica named.
         replica_id: String,
@@ -311,6 +333,7 @@ pub enum Error {
     /// closed. Retryable. Whether a `COMMIT` that timed out took effect is unknown: the
     /// transaction may have committed.
     #[error("{context}: the server did not answer within {timeout:?}; the connection was closed (retry; a commit that timed out may have taken effect)")]
+    #[non_exhaustive]
     ConnectionStuck {
         /// What pgtenant was doing.
         context: &'static str,
@@ -321,6 +344,7 @@ pub enum Error {
     /// The database answered in a way this pgtenant does not expect: the control plane may
     /// belong to another pgtenant version.
     #[error("{context}: unexpected answer from the database ({detail}); check that `pgtenant status` shows a control plane this pgtenant supports")]
+    #[non_exhaustive]
     UnexpectedReply {
         /// What pgtenant was doing.
         context: String,
@@ -331,9 +355,10 @@ pub enum Error {
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
     #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
+    #[non_exhaustive]
     OpenTimeout {
         /// The tenant.
-        tenant: String,
+        tenant: TenantId,
         /// The bound that was reached.
         timeout: std::time::Duration,
     },
@@ -402,9 +427,59 @@ impl Error {
         })
     }
 
-    pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> Error {
-        let context = context.into();
-        move |source| Error::Database { context, source }
+    /// Wraps a driver error with what pgtenant was doing (a fixed text: nothing is allocated
+    /// unless the error happens).
+    pub(crate) fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> Error {
+        move |source| Error::Database {
+            context: Cow::Borrowed(context),
+            source,
+        }
+    }
+
+    /// Like [`Error::db`] with a context built only if the error happens.
+    pub(crate) fn db_with(
+        context: impl FnOnce() -> String,
+    ) -> impl FnOnce(tokio_postgres::Error) -> Error {
+        move |source| Error::Database {
+            context: Cow::Owned(context()),
+            source,
+        }
+    }
+
+    /// What kind of failure this is, for callers that act on categories rather than variants.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidTenantId(_) | Error::InvalidOption { .. } => ErrorKind::InvalidInput,
+            Error::Database { source, .. } if is_unavailable(source) => ErrorKind::Unavailable,
+            Error::Database { .. } | Error::UnexpectedReply { .. } => ErrorKind::Database,
+            Error::Pool { .. }
+            | Error::ConnectTimeout { .. }
+            | Error::ConnectionStuck { .. }
+            | Error::ReplicaDown { .. }
+            | Error::ExpiredLocally { .. } => ErrorKind::Unavailable,
+            Error::ControlPlaneTooNew { .. }
+            | Error::ControlPlaneOutdated { .. }
+            | Error::Migration(_) => ErrorKind::ControlPlane,
+            Error::ReplicaIdInUse { .. } | Error::NotASession(_) | Error::RouterClosed => {
+                ErrorKind::Replica
+            }
+            Error::LeaseHeld { .. } => ErrorKind::Held,
+            Error::Fenced { .. } | Error::Forgotten { .. } | Error::LeaseLost { .. } => {
+                ErrorKind::LeaseEnded
+            }
+            Error::TenantNotFound { .. }
+            | Error::Quarantined { .. }
+            | Error::MigrationFailed { .. }
+            | Error::SchemaAhead { .. }
+            | Error::RestoreRefused { .. }
+            | Error::NoSuchReplica { .. } => ErrorKind::Tenant,
+            Error::AtCapacity { .. }
+            | Error::Draining { .. }
+            | Error::DrainTimeout { .. }
+            | Error::Busy { .. }
+            | Error::OpenTimeout { .. } => ErrorKind::Busy,
+            Error::TransactionEnded { .. } => ErrorKind::Work,
+        }
     }
 }
 
@@ -412,10 +487,48 @@ impl From<tokio_postgres::Error> for Error {
     /// Lets `?` carry a driver error out of work run through a tenant handle.
     fn from(source: tokio_postgres::Error) -> Self {
         Error::Database {
-            context: "tenant work".to_owned(),
+            context: Cow::Borrowed("tenant work"),
             source,
         }
     }
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    /// Lets `?` carry a pool error out of code that uses
+    /// [`Router::pool`](crate::Router::pool) directly.
+    fn from(error: deadpool_postgres::PoolError) -> Self {
+        crate::replica::pool_error("get a pooled connection")(error)
+    }
+}
+
+/// The categories of [`Error`], from [`Error::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Bad input (an id, an option, a filter): nothing was changed. Fix the call.
+    InvalidInput,
+    /// The database is unreachable, restarting, out of connections or too slow for now, or
+    /// this replica is between incarnations: retry later.
+    Unavailable,
+    /// The control plane is missing, outdated, or newer than this library.
+    ControlPlane,
+    /// The replica cannot run: its id is in use, a pooler is in front of its lease session,
+    /// or the router is closed.
+    Replica,
+    /// Another replica holds the tenant, or it is reserved for one.
+    Held,
+    /// This handle's lease is over (fenced, forgotten, released, lost): open the tenant again.
+    LeaseEnded,
+    /// The tenant cannot be served as it is: not found, quarantined, a migration failed, its
+    /// schema is ahead of the code, a restore or handoff target was refused.
+    Tenant,
+    /// Busy for now: draining, a drain timed out, work in flight, at capacity, an open timed
+    /// out.
+    Busy,
+    /// Work run through a handle misused the fenced transaction (it ended it itself).
+    Work,
+    /// Any other database error: see the SQLSTATE ([`Error::sqlstate`]).
+    Database,
 }
 
 /// Whether a driver error means "the database is not there right now".

@@ -2,6 +2,9 @@
 
 use serde::Serialize;
 
+use crate::id::TenantId;
+use crate::lease::{Epoch, Incarnation};
+
 /// Something that happened to a replica or one of its leases.
 ///
 /// Delivered through [`Router::subscribe`](crate::Router::subscribe) on a bounded broadcast
@@ -16,23 +19,23 @@ pub enum Event {
         /// The replica id.
         replica: String,
         /// The new incarnation.
-        incarnation: i64,
+        incarnation: Incarnation,
     },
     /// A tenant's lease was acquired.
     Acquired {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The new epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// The previous owner, when it was dead or stalled and its lease was broken.
         took_over_from: Option<String>,
     },
     /// A tenant's schema was created (a new life).
     Created {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch the life began at.
-        epoch: i64,
+        epoch: Epoch,
         /// The schema.
         schema: String,
     },
@@ -41,7 +44,7 @@ pub enum Event {
     /// every heartbeat period.
     Renewed {
         /// The incarnation renewed.
-        incarnation: i64,
+        incarnation: Incarnation,
     },
     /// A heartbeat failed; leases stay valid until the local deadline.
     RenewFailed {
@@ -63,56 +66,56 @@ pub enum Event {
     /// A heartbeat succeeded after the local deadline had passed: handles serve again.
     Resumed {
         /// The incarnation.
-        incarnation: i64,
+        incarnation: Incarnation,
     },
     /// A lease ended for good without a release: taken over, fenced, or the replica lost its
     /// incarnation.
     Lost {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch lost.
-        epoch: i64,
+        epoch: Epoch,
         /// Why.
         reason: String,
     },
     /// A lease was released.
     Released {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch released.
-        epoch: i64,
+        epoch: Epoch,
     },
     /// A handoff began: the tenant refuses new work while the work in flight finishes.
     Draining {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// Work in flight when the drain began.
         in_flight: usize,
     },
     /// A tenant was handed off after draining, free for the next owner (or reserved for one).
     HandedOff {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch handed off.
-        epoch: i64,
+        epoch: Epoch,
         /// The replica it is reserved for, for a directed handoff.
         to: Option<String>,
     },
     /// A handoff gave up waiting for work in flight; the tenant keeps serving here.
     DrainTimeout {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// Work still running.
         in_flight: usize,
     },
     /// Another replica asked for one of this replica's tenants.
     HandoffRequested {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The replica asking.
         requester: String,
         /// Whether the policy accepted it.
@@ -120,10 +123,10 @@ pub enum Event {
     },
     /// A tenant's migrations ran.
     Migrated {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The epoch they ran under.
-        epoch: i64,
+        epoch: Epoch,
         /// Version before.
         from: i64,
         /// Version after.
@@ -131,26 +134,26 @@ pub enum Event {
     },
     /// A tenant was forgotten: its schema moved to the trash, every epoch up to this one masked.
     Forgotten {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The forgotten epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// The trash schema.
         trash: String,
     },
     /// A forgotten tenant was restored from the trash as a new life.
     Restored {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// The new epoch.
-        epoch: i64,
+        epoch: Epoch,
         /// The schema.
         schema: String,
     },
     /// A tenant was quarantined: a failure caused by the tenant, kept until cleared.
     Quarantined {
-        /// The tenant key.
-        tenant: String,
+        /// The tenant.
+        tenant: TenantId,
         /// What failed.
         cause: String,
     },

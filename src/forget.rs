@@ -3,22 +3,121 @@
 //! call whose time does not depend on the ledger's size.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_postgres::types::Type;
+use tokio_postgres::CancelToken;
 use tracing::info;
 
-use crate::acquire::{acquire_error, after_failed_migration, install_handle, migrate_existing};
+use crate::acquire::install_handle;
 use crate::control;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::handle::TenantHandle;
+use crate::handle::{Acquired, ActiveWork, HandleInner, TenantHandle};
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
-use crate::router::{pool_error, Shared};
+use crate::lease::{Epoch, HandleState};
+use crate::replica::{pool_error, Shared};
+use crate::sqlstate::{self, Scope};
+use crate::tenant_migrations::{after_failed_migration, migrate_existing};
 
-/// SQLSTATE of `pgtenant.restore` when there is nothing to restore, or a new life exists.
-const SQLSTATE_RESTORE_REFUSED: &str = "PTR01";
-/// SQLSTATE of a rename onto a schema name that is taken.
-const DUPLICATE_SCHEMA: &str = "42P06";
+/// How often `forget(ActiveWork::Cancel)` repeats its cancel requests while work remains.
+const CANCEL_REPEAT: Duration = Duration::from_millis(50);
+
+/// [`TenantHandle::forget`]: deal with the work in flight as `active` says, then one
+/// transaction masks every epoch up to this one, renames the schema into the trash, journals it
+/// and ends the lease.
+pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Result<String> {
+    handle.admit()?;
+    if !handle.transition(HandleState::Serving, HandleState::Draining) {
+        return Err(Error::Draining {
+            tenant: handle.id.clone(),
+        });
+    }
+    let in_flight = handle.in_flight();
+    if active == ActiveWork::Refuse && in_flight > 0 {
+        handle.transition(HandleState::Draining, HandleState::Serving);
+        return Err(Error::Busy {
+            tenant: handle.id.clone(),
+            in_flight,
+        });
+    }
+    let router = &handle.router;
+    let timeout = router.options.drain_timeout;
+    let drained = if active == ActiveWork::Cancel {
+        // A cancel reaches only the statement running at that moment: repeat it until the
+        // work ends, so work between statements is caught at its next one.
+        tokio::time::timeout(timeout, async {
+            loop {
+                let tokens: Vec<CancelToken> = handle
+                    .lock_cancels()
+                    .iter()
+                    .map(|(_, token)| token.clone())
+                    .collect();
+                for token in tokens {
+                    let _ = router.options.connector.cancel(token).await;
+                }
+                if tokio::time::timeout(CANCEL_REPEAT, handle.wait_idle())
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        })
+        .await
+    } else {
+        tokio::time::timeout(timeout, handle.wait_idle()).await
+    };
+    if drained.is_err() {
+        handle.transition(HandleState::Draining, HandleState::Serving);
+        return Err(Error::DrainTimeout {
+            tenant: handle.id.clone(),
+            in_flight: handle.in_flight(),
+            timeout,
+        });
+    }
+    let client = router
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("forget a tenant"))?;
+    let credentials = &handle.credentials;
+    let (key, secret, epoch) = (handle.id.key(), credentials.secret(), handle.epoch.get());
+    let incarnation = credentials.incarnation.get();
+    let forgotten = control::call(
+        &client,
+        "SELECT pgtenant.forget($1, $2, $3, $4, $5)",
+        &[
+            (&key, Type::TEXT),
+            (&epoch, Type::INT8),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+        ],
+    )
+    .await
+    .and_then(|rows| match rows.first() {
+        Some(row) => row.try_get::<_, String>(0),
+        None => Ok(String::new()),
+    });
+    let trash = match forgotten {
+        Ok(trash) => trash,
+        Err(error) => {
+            let error = handle.refused(error, "forget a tenant");
+            handle.transition(HandleState::Draining, HandleState::Serving);
+            return Err(error);
+        }
+    };
+    handle.transition(HandleState::Draining, HandleState::Forgotten);
+    router.detach(handle);
+    info!(tenant = %handle.id, epoch = %handle.epoch, %trash, "forgotten");
+    router.emit(Event::Forgotten {
+        tenant: handle.id.clone(),
+        epoch: handle.epoch,
+        trash: trash.clone(),
+    });
+    Ok(trash)
+}
 
 /// Restores a forgotten tenant's newest trashed schema as a new life held by this replica.
 pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<TenantHandle> {
@@ -29,6 +128,12 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
             replica_id: shared.options.replica_id.clone(),
         })?;
     let context = || format!("restore tenant {id}");
+    let scope = Scope {
+        doing: "restore a tenant",
+        tenant: Some(id),
+        epoch: Epoch::new(0),
+        replica: &credentials.replica,
+    };
     let mut client = shared
         .pool
         .get()
@@ -40,13 +145,14 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
             &[&id.key()],
         )
         .await
-        .map_err(Error::db(context()))?
+        .map_err(Error::db_with(context))?
         .map(|row| row.get(0))
         .ok_or_else(|| Error::TenantNotFound {
-            tenant: id.key().to_owned(),
+            tenant: id.clone(),
             message: "never created".to_owned(),
         })?;
     let (key, secret) = (id.key(), credentials.secret());
+    let incarnation = credentials.incarnation.get();
     let mut salt = 0;
     let rows = loop {
         // The new life's name is derived for the epoch restore will bump to, which the
@@ -58,7 +164,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
             &[
                 (&key, Type::TEXT),
                 (&credentials.replica, Type::TEXT),
-                (&credentials.incarnation, Type::INT8),
+                (&incarnation, Type::INT8),
                 (&secret, Type::TEXT),
                 (&name, Type::TEXT),
             ],
@@ -66,22 +172,12 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         .await;
         match restored {
             Err(error)
-                if error.code().map(|c| c.code()) == Some(DUPLICATE_SCHEMA)
+                if sqlstate::of(&error) == Some(sqlstate::DUPLICATE_SCHEMA)
                     && salt + 1 < SCHEMA_NAME_SALTS =>
             {
                 salt += 1;
             }
-            Err(error) => {
-                return Err(match error.as_db_error() {
-                    Some(db) if db.code().code() == SQLSTATE_RESTORE_REFUSED => {
-                        Error::RestoreRefused {
-                            tenant: id.key().to_owned(),
-                            reason: db.message().to_owned(),
-                        }
-                    }
-                    _ => acquire_error(id, &credentials.replica, error),
-                })
-            }
+            Err(error) => return Err(sqlstate::map(error, &scope)),
             Ok(rows) => break rows,
         }
     };
@@ -90,11 +186,12 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         detail: "pgtenant.restore returned no row".to_owned(),
     })?;
     let (epoch, schema, version): (i64, String, i32) = (
-        row.try_get(0).map_err(Error::db(context()))?,
-        row.try_get(1).map_err(Error::db(context()))?,
-        row.try_get(2).map_err(Error::db(context()))?,
+        row.try_get(0).map_err(Error::db_with(context))?,
+        row.try_get(1).map_err(Error::db_with(context))?,
+        row.try_get(2).map_err(Error::db_with(context))?,
     );
-    let lock_key: i32 = row.try_get(3).map_err(Error::db(context()))?;
+    let epoch = Epoch::new(epoch);
+    let lock_key: i32 = row.try_get(3).map_err(Error::db_with(context))?;
     let migrated_from =
         (i64::from(version) < shared.options.code_version()).then_some(i64::from(version));
     if migrated_from.is_some() {
@@ -114,17 +211,18 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         }
     }
     drop(client);
-    info!(epoch, %schema, "restored");
-    install_handle(
-        shared,
-        id,
-        (epoch, credentials, lock_key, migrated_from),
-        schema.clone(),
-        Event::Restored {
-            tenant: id.key().to_owned(),
-            epoch,
-            schema,
-        },
-    )
-    .await
+    info!(%epoch, %schema, "restored");
+    let event = Event::Restored {
+        tenant: id.clone(),
+        epoch,
+        schema: schema.clone(),
+    };
+    let lease = Acquired {
+        epoch,
+        credentials,
+        lock_key,
+        migrated_from,
+        schema,
+    };
+    install_handle(shared, id, lease, event).await
 }

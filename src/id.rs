@@ -35,7 +35,7 @@ pub(crate) const SCHEMA_NAME_SALTS: u32 = 8;
 /// assert!(TenantId::new("Acme", "invoices").is_err());
 /// # Ok::<(), pgtenant::InvalidTenantId>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct TenantId {
     key: String,
@@ -266,6 +266,32 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+// Hashes and borrows as its key (the split follows from the key), so maps keyed by TenantId
+// can be looked up with a `&str` key.
+impl std::hash::Hash for TenantId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for TenantId {
+    fn borrow(&self) -> &str {
+        &self.key
+    }
+}
+
+impl PartialEq<str> for TenantId {
+    fn eq(&self, other: &str) -> bool {
+        self.key == other
+    }
+}
+
+impl PartialEq<&str> for TenantId {
+    fn eq(&self, other: &&str) -> bool {
+        self.key == *other
+    }
 }
 
 impl fmt::Display for TenantId {

@@ -7,40 +7,38 @@
 //! to another replica moves the lease, not the data.
 //!
 //! * [`setup`] creates or upgrades the control plane (schema `pgtenant`), idempotently and
-//!   safely from many processes at once.
+//!   safely from many processes at once; [`admin::setup_with`] also grants an application
+//!   role and an operator role exactly what they need.
 //! * A [`Router`] is one replica. It starts from [`RouterOptions`], holds a liveness lock on a
 //!   dedicated lease session and heartbeats it. It opens tenants ([`Router::open`],
 //!   [`Router::open_or_create`], [`Router::wait_for`]) and hands them all off on
 //!   [`Router::close`].
-//! * A [`TenantHandle`] is one lease. [`TenantHandle::run`] and [`TenantHandle::read`] run
-//!   fenced transactions on the tenant's schema. [`TenantHandle::handoff`],
+//! * A [`TenantHandle`] is one lease, bound to one [`Epoch`]. [`TenantHandle::run`] and
+//!   [`TenantHandle::read`] run fenced transactions on the tenant's schema;
+//!   [`TenantHandle::connect`] gives guard-style ones. [`TenantHandle::handoff`],
 //!   [`TenantHandle::release`], [`TenantHandle::abandon`] and [`TenantHandle::forget`] end the
 //!   lease.
-//! * [`Router::subscribe`] streams typed [`Event`]s, and [`Router::summary`] feeds a health
-//!   endpoint. [`list_tenants`], [`show_tenant`], [`list_trash`], [`sweep`] and
-//!   [`clear_quarantine`] serve operators (also as the `pgtenant` command).
-//! * Every failure is an [`Error`], which a caller can match on.
-//!   [`Error::is_retryable`] separates an unavailable database from everything else.
+//! * [`Router::subscribe`] streams typed [`Event`]s, [`Router::summary`] feeds a health
+//!   endpoint, and the [`metrics`](https://docs.rs/metrics) facade records counters and
+//!   timings (names in the `metrics` module docs of the source).
+//! * Operators use [`admin`] (and the `pgtenant` command): listing, the sweep, quarantines.
+//! * Every failure is an [`Error`]; [`Error::kind`] sorts it, [`Error::is_retryable`] separates
+//!   an unavailable database from everything else.
 //!
 //! ```no_run
 //! # async fn example() -> pgtenant::Result<()> {
 //! use pgtenant::{Router, RouterOptions, TenantId};
 //!
-//! let (mut client, connection) =
-//!     tokio_postgres::connect("postgres://postgres@127.0.0.1/app", tokio_postgres::NoTls).await?;
-//! tokio::spawn(connection);
-//! pgtenant::setup(&mut client).await?;
-//!
+//! pgtenant::setup_url("postgres://postgres@127.0.0.1/app").await?;
 //! let router = Router::start(RouterOptions::from_url("replica-1", "postgres://postgres@127.0.0.1/app")?).await?;
 //! let tenant = router.open_or_create(&TenantId::new("acme", "invoices")?).await?;
+//! let amount = 42_i64;
 //! tenant
-//!     .run(|tx| {
-//!         Box::pin(async move {
-//!             tx.batch_execute("CREATE TABLE IF NOT EXISTS entries (amount bigint)").await?;
-//!             tx.execute("INSERT INTO entries VALUES ($1)", &[&42_i64]).await?;
-//!             Ok::<_, pgtenant::Error>(())
-//!         })
-//!     })
+//!     .run(|tx| Box::pin(async move {
+//!         tx.batch_execute("CREATE TABLE IF NOT EXISTS entries (amount bigint)").await?;
+//!         tx.execute("INSERT INTO entries VALUES ($1)", &[&amount]).await?;
+//!         Ok::<_, pgtenant::Error>(())
+//!     }))
 //!     .await?;
 //! router.close().await; // hands every tenant off, then frees the liveness lock
 //! # Ok(()) }
@@ -53,41 +51,50 @@
 #![warn(rustdoc::broken_intra_doc_links)]
 
 mod acquire;
-mod admin;
+pub mod admin;
 mod connect;
 mod control;
 mod control_plane;
 mod error;
 mod event;
+mod fence;
 mod forget;
 mod handle;
 mod id;
-mod ledger;
+mod lease;
 mod liveness;
+mod metrics;
 mod migrate;
 mod options;
 mod release;
+mod replica;
 mod router;
+mod sqlstate;
+mod tenant_migrations;
 
-pub use admin::{
-    clear_quarantine, list_tenants, list_trash, parse_duration, show_tenant, sweep, SweepOptions,
-    SweepReport, TenantQuery, TenantRecord, TrashRecord, TENANT_STATES,
-};
 pub use connect::DEFAULT_CONNECT_TIMEOUT;
-pub use control_plane::{
-    control_plane_version, setup, setup_with, supported_version, SetupOptions, SetupReport,
-    CONTROL_SCHEMA,
-};
-/// Re-exported for [`RouterOptions::pool`].
-pub use deadpool_postgres;
-pub use error::{Error, Result, SQLSTATE_FENCED, SQLSTATE_FORGOTTEN};
+pub use control_plane::{setup, setup_url};
+pub use error::{Error, ErrorKind, Result};
 pub use event::Event;
+pub use fence::{TenantConnection, TenantTransaction, Tx};
 pub use handle::{ActiveWork, BoxFuture, TenantHandle};
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
+pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
-pub use router::{CloseReport, MigrationOutcome, Router, Summary, TenantMigration, TenantStatus};
-/// Re-exported so applications use the same driver types pgtenant hands out.
-pub use tokio_postgres;
+pub use router::{CloseReport, Router, Summary, TenantStatus};
+pub use sqlstate::{FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN};
+pub use tenant_migrations::{MigrationOutcome, TenantMigration};
+
+/// The PostgreSQL driver pgtenant is built on, for the types work names (`Row`,
+/// `types::ToSql`, …) without a separate dependency that could drift in version.
+pub use tokio_postgres as postgres;
+
+/// The connection pool [`RouterOptions::pool`] takes, at the version pgtenant uses.
+pub use deadpool_postgres as pool;
+
+/// refinery at the version pgtenant uses, for [`RouterOptions::migrations`] (or pass SQL with
+/// [`RouterOptions::tenant_migrations`] and name no refinery type at all).
+pub use refinery;
 
 /// The README's examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

@@ -1,27 +1,34 @@
-//! The replica's liveness: its lease session, registration and heartbeat.
+//! The replica's liveness (DESIGN §5 "Replica start", "Heartbeat"): its lease session, the
+//! pooler probe, registration, the heartbeat loop, the local deadline, re-registration after
+//! the session drops, and deregistration.
 //!
 //! One dedicated, never-pooled connection per replica holds one session-level advisory lock
 //! (DESIGN §3: one lock per tenant would exhaust the shared lock table). The database clock
 //! decides expiry; the local monotonic deadline only makes handles stop early.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client, GenericClient};
+use tracing::{info, warn};
 
 use crate::connect::Connector;
 use crate::control_plane::LOCK_NAMESPACE;
 use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::lease::Incarnation;
 use crate::options::RouterOptions;
+use crate::replica::{lock, RegistrationFailure, Shared};
 
 /// What an incarnation presents to the control-plane functions to act for its replica (G8):
 /// the secret `pgtenant.register` issued to it, which the database stores only hashed.
 #[derive(Clone)]
 pub(crate) struct Credentials {
     pub(crate) replica: String,
-    pub(crate) incarnation: i64,
+    pub(crate) incarnation: Incarnation,
     secret: String,
 }
 
@@ -65,8 +72,11 @@ impl Liveness {
         }
     }
 
-    pub(crate) fn incarnation(&self) -> i64 {
-        self.incarnation.load(Ordering::Acquire)
+    /// The current incarnation; None while not registered.
+    pub(crate) fn incarnation(&self) -> Option<Incarnation> {
+        Some(self.incarnation.load(Ordering::Acquire))
+            .filter(|i| *i > 0)
+            .map(Incarnation::new)
     }
 
     fn nanos(&self, at: Instant) -> u64 {
@@ -94,7 +104,7 @@ impl Liveness {
     }
 
     pub(crate) fn begin(&self, credentials: Credentials, deadline: Instant) {
-        let incarnation = credentials.incarnation;
+        let incarnation = credentials.incarnation.get();
         *self.lock_credentials() = Some(std::sync::Arc::new(credentials));
         self.deadline.store(self.nanos(deadline), Ordering::Release);
         self.lapsed.store(false, Ordering::Release);
@@ -210,14 +220,14 @@ impl LeaseSession {
             ended,
             credentials: Credentials {
                 replica: options.replica_id.clone(),
-                incarnation,
+                incarnation: Incarnation::new(incarnation),
                 secret,
             },
             registered_at,
         })
     }
 
-    pub(crate) fn incarnation(&self) -> i64 {
+    pub(crate) fn incarnation(&self) -> Incarnation {
         self.credentials.incarnation
     }
 
@@ -233,7 +243,7 @@ impl LeaseSession {
                 "SELECT pgtenant.deregister($1, $2, $3)",
                 &[
                     (&credentials.replica, Type::TEXT),
-                    (&credentials.incarnation, Type::INT8),
+                    (&credentials.incarnation.get(), Type::INT8),
                     (&credentials.secret(), Type::TEXT),
                 ],
             )
@@ -383,7 +393,7 @@ async fn probe_for_pooler(
 }
 
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.
-pub(crate) async fn heartbeat(
+async fn heartbeat(
     client: &Client,
     credentials: &Credentials,
     options: &RouterOptions,
@@ -393,7 +403,7 @@ pub(crate) async fn heartbeat(
             HEARTBEAT_SQL,
             &[
                 (&credentials.replica, Type::TEXT),
-                (&credentials.incarnation, Type::INT8),
+                (&credentials.incarnation.get(), Type::INT8),
                 (&credentials.secret(), Type::TEXT),
                 (&millis(options.ttl), Type::INT4),
             ],
@@ -432,5 +442,140 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
             host: None,
         },
         Err(e) => Error::db("identify the replica id's holder")(e),
+    }
+}
+
+/// Starts serving an incarnation just registered.
+pub(crate) fn begin_incarnation(shared: &Shared, session: &LeaseSession) {
+    let options = &shared.options;
+    let incarnation = session.incarnation();
+    shared.liveness.begin(
+        session.credentials.clone(),
+        session.registered_at + options.ttl - options.effective_margin(),
+    );
+    info!(%incarnation, "registered");
+    shared.emit(Event::Registered {
+        replica: options.replica_id.clone(),
+        incarnation,
+    });
+}
+
+enum SessionEnd {
+    Shutdown,
+    Lost(&'static str),
+}
+
+/// The replica's background task: heartbeats, and re-registration when an incarnation ends;
+/// deregisters on shutdown.
+pub(crate) async fn maintain(
+    shared: Arc<Shared>,
+    mut session: LeaseSession,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        match heartbeat_until_end(&shared, &mut session, &mut shutdown).await {
+            SessionEnd::Shutdown => {
+                shared.liveness.end();
+                session.deregister().await;
+                return;
+            }
+            SessionEnd::Lost(reason) => {
+                warn!(reason, incarnation = %session.incarnation(), "incarnation lost");
+                shared.lose_incarnation(reason);
+            }
+        }
+        drop(session);
+        let (first, max) = shared.options.reconnect_backoff;
+        let mut delay = first;
+        session = loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            match LeaseSession::open(&shared.options, shared.notices.clone()).await {
+                Ok(session) => break session,
+                Err(error) => {
+                    warn!(%error, retry_in = ?delay, "re-registration failed");
+                    let reason = error.to_string();
+                    *lock(&shared.registration) = Some(RegistrationFailure {
+                        message: reason.clone(),
+                        lasting: error.lasting_copy(),
+                    });
+                    shared.emit(Event::RegistrationFailed {
+                        reason,
+                        retryable: error.is_retryable(),
+                        retry_in_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    });
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.changed() => return,
+                    }
+                    delay = delay.saturating_mul(2).min(max);
+                }
+            }
+        };
+        *lock(&shared.registration) = None;
+        begin_incarnation(&shared, &session);
+    }
+}
+
+async fn heartbeat_until_end(
+    shared: &Shared,
+    session: &mut LeaseSession,
+    shutdown: &mut watch::Receiver<bool>,
+) -> SessionEnd {
+    let options = &shared.options;
+    let period = options.effective_heartbeat_period();
+    let mut last_success = session.registered_at;
+    let mut next = session.registered_at + period;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = &mut session.ended => return SessionEnd::Lost("lease session dropped"),
+            _ = shutdown.changed() => return SessionEnd::Shutdown,
+        }
+        let started = Instant::now();
+        next = started + period;
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout(period, heartbeat(&session.client, &session.credentials, options)) => outcome,
+            _ = &mut session.ended => return SessionEnd::Lost("lease session dropped"),
+            _ = shutdown.changed() => return SessionEnd::Shutdown,
+        };
+        crate::metrics::heartbeat(started.elapsed(), matches!(outcome, Ok(Ok(Some(())))));
+        match outcome {
+            Ok(Ok(Some(()))) => {
+                last_success = started;
+                let resumed = shared
+                    .liveness
+                    .renewed(started + options.ttl - options.effective_margin());
+                let incarnation = session.incarnation();
+                if resumed {
+                    info!(%incarnation, "heartbeat resumed service");
+                    shared.emit(Event::Resumed { incarnation });
+                }
+                if options.renewal_events {
+                    shared.emit(Event::Renewed { incarnation });
+                }
+            }
+            Ok(Ok(None)) => {
+                return SessionEnd::Lost("heartbeat found the incarnation expired or replaced")
+            }
+            Ok(Err(error)) => {
+                warn!(%error, "heartbeat failed");
+                shared.emit(Event::RenewFailed {
+                    reason: error.to_string(),
+                });
+            }
+            Err(_) => {
+                warn!("heartbeat timed out");
+                shared.emit(Event::RenewFailed {
+                    reason: format!("heartbeat timed out after {period:?}"),
+                });
+            }
+        }
+        // The database has expired this incarnation by now unless a renewal got through that
+        // we never heard of; a session that cannot answer for a whole ttl is replaced.
+        if started.duration_since(last_success) > options.ttl {
+            return SessionEnd::Lost("lease session unresponsive for a whole ttl");
+        }
     }
 }

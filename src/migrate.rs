@@ -53,3 +53,24 @@ impl AsyncQuery<Vec<Migration>> for InTransaction<'_, '_> {
 }
 
 impl AsyncMigrate for InTransaction<'_, '_> {}
+
+/// refinery's Display names the migration; the server's words sit deeper in the source chain,
+/// behind a tokio-postgres error whose own Display leaves them out.
+pub(crate) fn describe_refinery(error: &refinery::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        if let Some(pg) = inner.downcast_ref::<tokio_postgres::Error>() {
+            if let Some(db) = pg.as_db_error() {
+                text.push_str(&format!(
+                    ": {} (SQLSTATE {})",
+                    db.message(),
+                    db.code().code()
+                ));
+                return text;
+            }
+        }
+        cause = inner.source();
+    }
+    text
+}

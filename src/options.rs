@@ -256,12 +256,55 @@ impl RouterOptions {
     /// Ok(options.migrations(runner))
     /// # }
     /// ```
+    ///
+    /// The runner is refinery's as pgtenant re-exports it ([`crate::refinery`]), so an
+    /// application need not depend on the same refinery version; or pass SQL directly with
+    /// [`RouterOptions::tenant_migrations`].
     #[must_use]
     pub fn migrations(mut self, runner: refinery::Runner) -> Self {
         let mut migrations = runner.get_migrations().clone();
         migrations.sort();
         self.migrations = std::sync::Arc::new(migrations);
         self
+    }
+
+    /// The tenant migrations as `(name, sql)` pairs, names as refinery wants them
+    /// (`V1__accounts`, `V2__entries`, …): no refinery type in the application's code.
+    ///
+    /// ```
+    /// # fn f(options: pgtenant::RouterOptions) -> pgtenant::Result<pgtenant::RouterOptions> {
+    /// let options = options.tenant_migrations([
+    ///     ("V1__accounts", "CREATE TABLE accounts (id bigint PRIMARY KEY, name text)"),
+    ///     ("V2__entries", "CREATE TABLE entries (account bigint, amount bigint)"),
+    /// ])?;
+    /// # Ok(options) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] naming the first migration whose name is not `V<n>__<name>`.
+    pub fn tenant_migrations<N, S>(
+        self,
+        migrations: impl IntoIterator<Item = (N, S)>,
+    ) -> Result<Self>
+    where
+        N: AsRef<str>,
+        S: AsRef<str>,
+    {
+        let parsed = migrations
+            .into_iter()
+            .map(|(name, sql)| {
+                refinery::Migration::unapplied(name.as_ref(), sql.as_ref()).map_err(|error| {
+                    Error::InvalidOption {
+                        option: "tenant_migrations",
+                        reason: format!(
+                            "{:?}: {error}; name migrations V<version>__<name>, e.g. V1__accounts",
+                            name.as_ref().chars().take(60).collect::<String>()
+                        ),
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.migrations(refinery::Runner::new(&parsed)))
     }
 
     /// The version the tenant migrations bring a tenant to (0 without migrations).

@@ -1,12 +1,12 @@
-//! Lease releases (DESIGN §5 "Handoff", "Abandon", "Close"): every call of `pgtenant.release`,
-//! batched. The releases that wait while one batch commits go together into the next, one
-//! transaction for all of them.
+//! Releases (DESIGN §5 "Handoff", "Abandon", "Close"): every call of `pgtenant.release`, the
+//! drain before a voluntary end, directed handoffs, and answering other replicas' handoff
+//! requests.
 //!
-//! Each release NOTIFYs `pgtenant_free`, and PostgreSQL serializes notifying commits (a
-//! database-wide lock held through the commit's WAL flush), so one release per transaction tops
-//! out at a few hundred per second however many run at once. Batched, `close()` of thousands of
-//! tenants and mass handoffs go at the rate of batches, while a lone release still goes out at
-//! once, in a batch of one.
+//! Releases are batched. Each NOTIFYs `pgtenant_free`, and PostgreSQL serializes notifying
+//! commits (a database-wide lock held through the commit's WAL flush), so one release per
+//! transaction tops out at a few hundred per second however many run at once. Batched,
+//! `close()` of thousands of tenants and mass handoffs go at the rate of batches, while a lone
+//! release still goes out at once, in a batch of one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,28 +15,33 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::Type;
 
+use tokio::sync::broadcast;
+use tracing::warn;
+
 use crate::control;
 use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::handle::{HandleInner, TenantHandle};
 use crate::id::TenantId;
-use crate::liveness::{millis, Credentials};
-use crate::router::pool_error;
+use crate::lease::{Epoch, HandleState, Journal};
+use crate::liveness::{millis, Credentials, Notice, HANDOFF_CHANNEL};
+use crate::options::{validate_replica_id, HandoffPolicy};
+use crate::replica::{lock, pool_error, Shared};
+use crate::sqlstate;
 
 /// At most this many releases per transaction: keeps row locks and the statement small.
 const MAX_BATCH: usize = 256;
 
-/// SQLSTATE of `pgtenant.release` when a reservation names a replica that is not alive.
-pub(crate) const SQLSTATE_NO_SUCH_REPLICA: &str = "PTH01";
-
 /// One release: the tenant, the lease's epoch, the journal event (`released`, `handed_off`),
 /// and an optional reservation (target replica, window).
-pub(crate) type Release<'a> = (&'a TenantId, i64, &'static str, Option<(&'a str, Duration)>);
+pub(crate) type Release<'a> = (&'a TenantId, Epoch, Journal, Option<(&'a str, Duration)>);
 
 /// What [`ReleaseQueue::release`] asks of the batcher.
 struct Request {
     id: TenantId,
-    epoch: i64,
+    epoch: Epoch,
     credentials: Arc<Credentials>,
-    event: &'static str,
+    event: Journal,
     reserve: Option<(String, Duration)>,
     reply: oneshot::Sender<Result<bool>>,
 }
@@ -72,9 +77,9 @@ impl ReleaseQueue {
     pub(crate) async fn release(
         &self,
         id: &TenantId,
-        epoch: i64,
+        epoch: Epoch,
         credentials: &Arc<Credentials>,
-        event: &'static str,
+        event: Journal,
         reserve: Option<(&str, Duration)>,
     ) -> Result<bool> {
         let (reply, answer) = oneshot::channel();
@@ -119,6 +124,7 @@ async fn release_group(pool: &Pool, mut group: Vec<Request>) {
         let releases: Vec<Release<'_>> = group.iter().map(Request::as_release).collect();
         release_on(pool, &group[0].credentials, &releases).await
     };
+    crate::metrics::releases_batched(group.len());
     match outcome {
         Ok(released) => {
             for (request, released) in group.into_iter().zip(released) {
@@ -161,8 +167,8 @@ pub(crate) async fn release_now(
     releases: &[Release<'_>],
 ) -> Result<Vec<bool>> {
     let keys: Vec<&str> = releases.iter().map(|r| r.0.key()).collect();
-    let epochs: Vec<i64> = releases.iter().map(|r| r.1).collect();
-    let events: Vec<&str> = releases.iter().map(|r| r.2).collect();
+    let epochs: Vec<i64> = releases.iter().map(|r| r.1.get()).collect();
+    let events: Vec<&str> = releases.iter().map(|r| r.2.as_str()).collect();
     let reserve_for: Vec<Option<&str>> = releases
         .iter()
         .map(|r| r.3.map(|(replica, _)| replica))
@@ -171,7 +177,7 @@ pub(crate) async fn release_now(
         .iter()
         .map(|r| r.3.map(|(_, window)| millis(window)))
         .collect();
-    let secret = credentials.secret();
+    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
     let context = || match releases {
         [(id, ..)] => format!("release tenant {id}"),
         _ => format!("release {} leases", releases.len()),
@@ -181,7 +187,7 @@ pub(crate) async fn release_now(
         "SELECT ord, released FROM pgtenant.release($1, $2, $3, $4, $5, $6, $7, $8)",
         &[
             (&credentials.replica, Type::TEXT),
-            (&credentials.incarnation, Type::INT8),
+            (&incarnation, Type::INT8),
             (&secret, Type::TEXT),
             (&keys, Type::TEXT_ARRAY),
             (&epochs, Type::INT8_ARRAY),
@@ -192,19 +198,19 @@ pub(crate) async fn release_now(
     )
     .await
     .map_err(|error| match error.as_db_error() {
-        Some(db) if db.code().code() == SQLSTATE_NO_SUCH_REPLICA => Error::NoSuchReplica {
+        Some(db) if db.code().code() == sqlstate::NO_SUCH_REPLICA => Error::NoSuchReplica {
             replica_id: releases
                 .iter()
                 .find_map(|r| r.3.map(|(replica, _)| replica.to_owned()))
                 .unwrap_or_default(),
             message: db.message().to_owned(),
         },
-        _ => Error::db(context())(error),
+        _ => Error::db_with(context)(error),
     })?;
     let mut released = vec![false; releases.len()];
     for row in rows {
-        let ord: i64 = row.try_get(0).map_err(Error::db(context()))?;
-        let ok: bool = row.try_get(1).map_err(Error::db(context()))?;
+        let ord: i64 = row.try_get(0).map_err(Error::db_with(context))?;
+        let ok: bool = row.try_get(1).map_err(Error::db_with(context))?;
         if let Some(slot) = usize::try_from(ord - 1)
             .ok()
             .and_then(|i| released.get_mut(i))
@@ -213,4 +219,188 @@ pub(crate) async fn release_now(
         }
     }
     Ok(released)
+}
+
+/// Stops taking new work, waits for the work in flight (however long), then releases.
+pub(crate) async fn release(handle: &Arc<HandleInner>) -> Result<()> {
+    if !handle.transition(HandleState::Serving, HandleState::Released) {
+        return Ok(());
+    }
+    handle.wait_idle().await;
+    give_back(handle, Journal::Released, None).await
+}
+
+/// Releases at once, without waiting for work in flight; that work either commits before the
+/// next owner's acquisition (which waits for it) or fails.
+pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
+    if !(handle.transition(HandleState::Serving, HandleState::Released)
+        || handle.transition(HandleState::Draining, HandleState::Released))
+    {
+        return Ok(());
+    }
+    give_back(handle, Journal::Released, None).await
+}
+
+/// A handoff: refuse new work, drain within the drain timeout, release (reserved for `to`).
+pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&str>) -> Result<()> {
+    if !handle.transition(HandleState::Serving, HandleState::Draining) {
+        return Err(match handle.state() {
+            HandleState::Draining => Error::Draining {
+                tenant: handle.id.clone(),
+            },
+            HandleState::Lost => handle.lease_lost("lost"),
+            _ => handle.lease_lost("released"),
+        });
+    }
+    let router = &handle.router;
+    router.emit(Event::Draining {
+        tenant: handle.id.clone(),
+        epoch: handle.epoch,
+        in_flight: handle.in_flight(),
+    });
+    let timeout = router.options.drain_timeout;
+    let started = std::time::Instant::now();
+    let drained = tokio::time::timeout(timeout, handle.wait_idle()).await;
+    crate::metrics::drain_time(started.elapsed());
+    if drained.is_err() {
+        let in_flight = handle.in_flight();
+        router.emit(Event::DrainTimeout {
+            tenant: handle.id.clone(),
+            epoch: handle.epoch,
+            in_flight,
+        });
+        // A failed drain leaves the tenant serving, unless the lease ended meanwhile.
+        handle.transition(HandleState::Draining, HandleState::Serving);
+        return Err(Error::DrainTimeout {
+            tenant: handle.id.clone(),
+            in_flight,
+            timeout,
+        });
+    }
+    if !handle.transition(HandleState::Draining, HandleState::Released) {
+        return Err(handle.lease_lost("lost"));
+    }
+    give_back(handle, Journal::HandedOff, to).await
+}
+
+/// Releases the lease (reserved for `to` when given) and reports how it ended.
+async fn give_back(handle: &Arc<HandleInner>, event: Journal, to: Option<&str>) -> Result<()> {
+    let router = &handle.router;
+    router.detach(handle);
+    let reservation = to.map(|replica| (replica, router.options.reservation));
+    let released = match router
+        .releases
+        .release(
+            &handle.id,
+            handle.epoch,
+            &handle.credentials,
+            event,
+            reservation,
+        )
+        .await
+    {
+        Err(Error::NoSuchReplica { replica_id, .. }) => {
+            // The target died between the check before the drain and this release: the
+            // tenant is already drained, so it is released for anyone rather than kept.
+            warn!(tenant = %handle.id, to = %replica_id, "handoff target gone; released without a reservation");
+            router
+                .releases
+                .release(&handle.id, handle.epoch, &handle.credentials, event, None)
+                .await?
+        }
+        released => released?,
+    };
+    let (tenant, epoch) = (handle.id.clone(), handle.epoch);
+    router.emit(match (released, event) {
+        (false, _) => Event::Lost {
+            tenant,
+            epoch,
+            reason: "already taken over when released".to_owned(),
+        },
+        (true, Journal::HandedOff) => Event::HandedOff {
+            tenant,
+            epoch,
+            to: to.map(str::to_owned),
+        },
+        (true, Journal::Released) => Event::Released { tenant, epoch },
+    });
+    Ok(())
+}
+
+/// Asks the owner of `id` (whoever it is) to hand it to this replica: a NOTIFY on
+/// `pgtenant_handoff` that every replica's lease session hears.
+pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
+    let client = shared
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("request a handoff"))?;
+    let payload = serde_json::json!({
+        "tenant": id.key(),
+        "requester": shared.options.replica_id,
+    })
+    .to_string();
+    client
+        .execute("SELECT pg_notify($1, $2)", &[&HANDOFF_CHANNEL, &payload])
+        .await
+        .map_err(Error::db_with(|| {
+            format!("request a handoff of tenant {id}")
+        }))?;
+    Ok(())
+}
+
+/// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
+/// weak reference so it ends with the router.
+pub(crate) async fn serve_requests(
+    shared: std::sync::Weak<Shared>,
+    mut notices: broadcast::Receiver<Notice>,
+) {
+    #[derive(serde::Deserialize)]
+    struct Request {
+        tenant: String,
+        requester: String,
+    }
+    loop {
+        let notice = match notices.recv().await {
+            Ok(notice) => notice,
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        if notice.channel != HANDOFF_CHANNEL {
+            continue;
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let Ok(request) = serde_json::from_str::<Request>(&notice.payload) else {
+            continue;
+        };
+        let Ok(tenant) = TenantId::parse(&request.tenant) else {
+            continue;
+        };
+        if validate_replica_id("requester", &request.requester).is_err() {
+            continue;
+        }
+        let Some(inner) = lock(&shared.handles)
+            .get(&tenant)
+            .filter(|h| h.is_serving())
+            .cloned()
+        else {
+            continue;
+        };
+        let accepted = shared.options.handoff_policy == HandoffPolicy::Accept;
+        shared.emit(Event::HandoffRequested {
+            tenant: tenant.clone(),
+            requester: request.requester.clone(),
+            accepted,
+        });
+        if accepted {
+            tokio::spawn(async move {
+                let handle = TenantHandle::from_inner(inner);
+                if let Err(error) = handle.handoff_to(&request.requester).await {
+                    warn!(%tenant, %error, "requested handoff failed");
+                }
+            });
+        }
+    }
 }

@@ -2,7 +2,8 @@
 
 mod support;
 
-use pgtenant::{setup, supported_version, Error};
+use pgtenant::admin::supported_version;
+use pgtenant::{setup, Error};
 use pgtenant_testkit::TestDatabase;
 
 async fn fresh() -> (TestDatabase, tokio_postgres::Client) {
@@ -21,7 +22,12 @@ const OBJECTS_IN_CONTROL_SCHEMA: &str =
 #[tokio::test]
 async fn setup_twice_creates_once_then_does_nothing() {
     let (_db, mut client) = fresh().await;
-    assert_eq!(pgtenant::control_plane_version(&client).await.unwrap(), 0);
+    assert_eq!(
+        pgtenant::admin::control_plane_version(&client)
+            .await
+            .unwrap(),
+        0
+    );
 
     let first = setup(&mut client).await.expect("first setup");
     assert_eq!(
@@ -80,7 +86,12 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
 async fn a_control_plane_at_version_1_is_upgraded_in_place() {
     let (db, mut client) = fresh().await;
     support::control_plane_at(&mut client, 1).await;
-    assert_eq!(pgtenant::control_plane_version(&client).await.unwrap(), 1);
+    assert_eq!(
+        pgtenant::admin::control_plane_version(&client)
+            .await
+            .unwrap(),
+        1
+    );
     match pgtenant::Router::start(pgtenant::RouterOptions::from_url("early", db.url()).unwrap())
         .await
     {
@@ -127,7 +138,7 @@ async fn a_newer_control_plane_is_refused_before_anything_changes() {
 
     let error = setup(&mut client).await.expect_err("refused");
     assert!(
-        matches!(error, Error::ControlPlaneTooNew { found: 999, supported } if supported == supported_version()),
+        matches!(error, Error::ControlPlaneTooNew { found: 999, supported, .. } if supported == supported_version()),
         "{error:?}"
     );
     let message = error.to_string();
@@ -192,7 +203,7 @@ async fn database_errors_show_sqlstate_and_message_and_are_classified() {
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .expect("terminate");
-    let error = pgtenant::control_plane_version(&victim)
+    let error = pgtenant::admin::control_plane_version(&victim)
         .await
         .expect_err("connection is gone");
     assert!(error.is_retryable(), "{error}");

@@ -73,7 +73,7 @@ async fn epochs_strictly_increase_across_1000_random_acquisitions_by_three_repli
                 last_epoch[t]
             );
         }
-        last_epoch[t] = handle.epoch();
+        last_epoch[t] = handle.epoch().get();
         holder[t] = Some(r);
     }
     // The journal agrees: per tenant, acquisitions carry strictly increasing epochs.
@@ -108,8 +108,7 @@ async fn a_second_live_process_with_the_same_replica_id_is_refused_with_the_hold
         .get(0);
     let error = Router::start(options(db.url(), "twin"))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     match &error {
         Error::ReplicaIdInUse {
             replica_id,
@@ -162,7 +161,7 @@ async fn invalid_options_are_refused_before_connecting() {
     ];
     for (options, expected) in cases {
         match Router::start(options).await {
-            Err(Error::InvalidOption { option, reason }) => {
+            Err(Error::InvalidOption { option, reason, .. }) => {
                 assert_eq!(option, expected, "{reason}");
                 assert!(!reason.is_empty());
             }
@@ -393,7 +392,7 @@ async fn an_owners_in_flight_commit_lands_before_the_contenders_epoch() {
         .expect("the contender acquires once the commit landed");
     assert!(long.is_finished() || long.await.unwrap().is_ok());
     assert_eq!(taken.epoch(), epoch + 1);
-    let rows: Vec<(i64, String)> = taken
+    let rows: Vec<(pgtenant::Epoch, String)> = taken
         .read(|tx| {
             Box::pin(async move {
                 Ok::<_, Error>(

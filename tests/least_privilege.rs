@@ -6,7 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use pgtenant::{Error, Router, SetupOptions, SweepOptions};
+use pgtenant::admin::{SetupOptions, SweepOptions};
+use pgtenant::{Error, Router};
 use pgtenant_testkit::{TestDatabase, TestRole};
 use support::{options, tenant};
 
@@ -17,7 +18,7 @@ async fn granted() -> (TestDatabase, tokio_postgres::Client, TestRole, TestRole)
     let mut admin = db.connect().await.expect("connect");
     let app = db.create_role("app").await.expect("app role");
     let operator = db.create_role("op").await.expect("operator role");
-    pgtenant::setup_with(
+    pgtenant::admin::setup_with(
         &mut admin,
         &SetupOptions::default()
             .app_role(app.name())
@@ -135,7 +136,7 @@ async fn the_app_role_runs_the_router_but_cannot_touch_the_control_plane() {
         .await
         .unwrap();
     assert_eq!(
-        (row.get::<_, String>(0), row.get::<_, i64>(1)),
+        (row.get::<_, String>(0), row.get::<_, pgtenant::Epoch>(1)),
         ("app-b".to_owned(), epoch)
     );
     support::create_log(&theirs).await;
@@ -147,14 +148,20 @@ async fn the_app_role_runs_the_router_but_cannot_touch_the_control_plane() {
 async fn setup_refuses_a_role_that_does_not_exist_before_changing_anything() {
     let db = TestDatabase::create().await.expect("test database");
     let mut admin = db.connect().await.expect("connect");
-    let error = pgtenant::setup_with(&mut admin, &SetupOptions::default().app_role("nobody_here"))
-        .await
-        .expect_err("no such role");
+    let error =
+        pgtenant::admin::setup_with(&mut admin, &SetupOptions::default().app_role("nobody_here"))
+            .await
+            .expect_err("no such role");
     assert!(
-        matches!(&error, Error::InvalidOption { option: "app_role", reason } if reason.contains("does not exist")),
+        matches!(&error, Error::InvalidOption { option: "app_role", reason, .. } if reason.contains("does not exist")),
         "{error}"
     );
-    assert_eq!(pgtenant::control_plane_version(&admin).await.unwrap(), 0);
+    assert_eq!(
+        pgtenant::admin::control_plane_version(&admin)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// The forged rows of issue #8: the application's role (before V3, when it could) wrote trash
@@ -208,7 +215,7 @@ async fn the_sweep_drops_only_derived_schemas_owned_by_the_tenant_owner() {
         .await
         .expect("forged row");
     let mut superuser = db.connect().await.expect("connect");
-    let report = pgtenant::sweep(
+    let report = pgtenant::admin::sweep(
         &mut superuser,
         &SweepOptions::with_retention(Duration::ZERO),
         |_, _| {},
@@ -243,7 +250,7 @@ async fn the_sweep_drops_only_derived_schemas_owned_by_the_tenant_owner() {
         .await
         .unwrap();
     let mut as_operator = operator.connect().await.expect("connect as operator");
-    let again = pgtenant::sweep(
+    let again = pgtenant::admin::sweep(
         &mut as_operator,
         &SweepOptions::with_retention(Duration::ZERO),
         |_, _| {},

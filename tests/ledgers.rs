@@ -6,9 +6,8 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use pgtenant::{
-    ActiveWork, Error, Event, MigrationOutcome, Router, SweepOptions, TenantId, TenantQuery,
-};
+use pgtenant::admin::{SweepOptions, TenantQuery};
+use pgtenant::{ActiveWork, Error, Event, MigrationOutcome, Router, TenantId};
 use refinery::{Migration, Runner};
 use support::{database, options, tenant};
 
@@ -341,7 +340,7 @@ async fn forget_masks_the_epoch_moves_the_schema_to_trash_and_a_new_life_sees_no
         other => panic!("the zombie must not commit: {other:?}"),
     }
     stall.rollback().await.unwrap();
-    for epoch in 1..=owner.epoch() {
+    for epoch in 1..=owner.epoch().get() {
         let error = client
             .query_one("SELECT pgtenant.fence($1, $2)", &[&id.key(), &epoch])
             .await
@@ -453,7 +452,7 @@ async fn restore_brings_a_forgotten_tenant_back_as_a_new_life() {
     assert!(back.epoch() > forgotten_at);
     assert_eq!(
         back.schema(),
-        id.schema_name(back.epoch()),
+        id.schema_name(back.epoch().get()),
         "named for its new life"
     );
     let rows = support::count_rows(&back, "SELECT count(*) FROM log").await;
@@ -470,7 +469,7 @@ async fn restore_brings_a_forgotten_tenant_back_as_a_new_life() {
 
     // Forgotten and swept: nothing left to restore.
     back.forget(ActiveWork::Drain).await.unwrap();
-    let report = pgtenant::sweep(
+    let report = pgtenant::admin::sweep(
         &mut client,
         &SweepOptions::with_retention(Duration::ZERO),
         |_, _| {},
@@ -510,14 +509,14 @@ async fn the_sweep_removes_masked_and_expired_schemas_and_never_a_live_one() {
         .await
         .unwrap();
 
-    let kept = pgtenant::sweep(&mut client, &SweepOptions::default(), |_, _| {})
+    let kept = pgtenant::admin::sweep(&mut client, &SweepOptions::default(), |_, _| {})
         .await
         .unwrap();
     assert_eq!(kept.masked, vec![first_schema.clone()]);
     assert_eq!(kept.swept, vec![first_schema.clone()]);
     assert_eq!(kept.kept, 1, "the trash is within retention");
     assert_eq!(kept.unknown, vec!["t_stranger_x_1_0123456789".to_owned()]);
-    let expired = pgtenant::sweep(
+    let expired = pgtenant::admin::sweep(
         &mut client,
         &SweepOptions::with_retention(Duration::ZERO),
         |_, _| {},
@@ -544,7 +543,7 @@ async fn the_sweep_removes_masked_and_expired_schemas_and_never_a_live_one() {
         "unknown schemas are left alone"
     );
     assert!(!exists(first_schema.clone()).await && !exists(format!("trash_{first_schema}")).await);
-    let trash = pgtenant::list_trash(&client).await.unwrap();
+    let trash = pgtenant::admin::list_trash(&client).await.unwrap();
     assert!(trash[0].swept_at.is_some());
     assert_eq!(
         expired.history_pruned, 0,
@@ -554,7 +553,7 @@ async fn the_sweep_removes_masked_and_expired_schemas_and_never_a_live_one() {
     // The journal is pruned by age.
     let mut prune = SweepOptions::default();
     prune.history_retention = Duration::ZERO;
-    let pruned = pgtenant::sweep(&mut client, &prune, |_, _| {})
+    let pruned = pgtenant::admin::sweep(&mut client, &prune, |_, _| {})
         .await
         .unwrap();
     assert!(pruned.history_pruned > 0);
@@ -590,7 +589,7 @@ async fn a_sweep_stopped_mid_way_is_finished_by_the_next() {
         let mut signal = Some(first_batch_tx);
         let mut options = SweepOptions::with_retention(Duration::ZERO);
         options.objects_per_transaction = 10;
-        let _ = pgtenant::sweep(&mut own, &options, move |_, dropped| {
+        let _ = pgtenant::admin::sweep(&mut own, &options, move |_, dropped| {
             if dropped > 0 {
                 if let Some(signal) = signal.take() {
                     let _ = signal.send(());
@@ -615,7 +614,7 @@ async fn a_sweep_stopped_mid_way_is_finished_by_the_next() {
         left > 0 && left < 100,
         "stopped part way: {left} tables left"
     );
-    let report = pgtenant::sweep(
+    let report = pgtenant::admin::sweep(
         &mut client,
         &SweepOptions::with_retention(Duration::ZERO),
         |_, _| {},
@@ -682,7 +681,7 @@ async fn the_sweep_drops_a_2000_table_schema_under_default_lock_limits() {
     assert_eq!(error.code().map(|c| c.code()), Some("53200"), "{error:?}");
     let _ = client.batch_execute("ROLLBACK").await;
     let mut reported = Vec::new();
-    let report = pgtenant::sweep(
+    let report = pgtenant::admin::sweep(
         &mut client,
         &SweepOptions::with_retention(Duration::ZERO),
         |schema, dropped| reported.push((schema.to_owned(), dropped)),
@@ -715,28 +714,35 @@ async fn listing_pages_and_filters_and_refuses_hostile_filters() {
         .unwrap();
     let mut query = TenantQuery::default();
     query.limit = 4;
-    let page = pgtenant::list_tenants(&client, &query).await.unwrap();
+    let page = pgtenant::admin::list_tenants(&client, &query)
+        .await
+        .unwrap();
     assert_eq!(page.len(), 4);
     query.after = Some(page[3].tenant.clone());
-    let rest = pgtenant::list_tenants(&client, &query).await.unwrap();
+    let rest = pgtenant::admin::list_tenants(&client, &query)
+        .await
+        .unwrap();
     assert_eq!(rest.len(), 2, "keyset paging continues after the last key");
     let mut held = TenantQuery::default();
     held.owner = Some("lister".into());
-    held.state = Some("held".into());
+    held.state = Some(pgtenant::TenantState::Held);
     assert_eq!(
-        pgtenant::list_tenants(&client, &held).await.unwrap().len(),
+        pgtenant::admin::list_tenants(&client, &held)
+            .await
+            .unwrap()
+            .len(),
         5
     );
     let mut behind = TenantQuery::default();
     behind.behind = Some(2);
     assert_eq!(
-        pgtenant::list_tenants(&client, &behind)
+        pgtenant::admin::list_tenants(&client, &behind)
             .await
             .unwrap()
             .len(),
         6
     );
-    let one = pgtenant::show_tenant(&client, &tenant("list-free"))
+    let one = pgtenant::admin::show_tenant(&client, &tenant("list-free"))
         .await
         .unwrap()
         .unwrap();
@@ -744,7 +750,7 @@ async fn listing_pages_and_filters_and_refuses_hostile_filters() {
         (one.state.as_str(), one.version, one.owner),
         ("free", 1, None)
     );
-    assert!(pgtenant::show_tenant(&client, &tenant("never"))
+    assert!(pgtenant::admin::show_tenant(&client, &tenant("never"))
         .await
         .unwrap()
         .is_none());
@@ -754,14 +760,18 @@ async fn listing_pages_and_filters_and_refuses_hostile_filters() {
         ("owner", "bad owner!"),
         ("after", "Acme/X"),
     ] {
-        let mut hostile = TenantQuery::default();
-        match field {
-            "state" => hostile.state = Some(value.into()),
-            "owner" => hostile.owner = Some(value.into()),
-            _ => hostile.after = Some(value.into()),
-        }
-        match pgtenant::list_tenants(&client, &hostile).await {
-            Err(Error::InvalidOption { .. } | Error::InvalidTenantId(_)) => {}
+        // Typed filters refuse hostile text where it becomes a filter.
+        let refused = match field {
+            "state" => value.parse::<pgtenant::TenantState>().err(),
+            "after" => TenantId::parse(value).err().map(Error::from),
+            _ => {
+                let mut hostile = TenantQuery::default();
+                hostile.owner = Some(value.into());
+                pgtenant::admin::list_tenants(&client, &hostile).await.err()
+            }
+        };
+        match refused {
+            Some(Error::InvalidOption { .. } | Error::InvalidTenantId(_)) => {}
             other => panic!("{field}: expected a typed refusal, got {other:?}"),
         }
     }
@@ -882,7 +892,7 @@ async fn creation_survives_a_taken_schema_name() {
     let mut client = client;
     let forgotten = handle.forget(ActiveWork::Refuse).await.expect("forget");
     router.close().await;
-    let report = pgtenant::sweep(
+    let report = pgtenant::admin::sweep(
         &mut client,
         &SweepOptions::with_retention(Duration::ZERO),
         |_, _| {},
@@ -910,7 +920,7 @@ async fn the_sweep_prunes_ended_replicas() {
         )
         .await
         .unwrap();
-    let report = pgtenant::sweep(&mut client, &SweepOptions::default(), |_, _| {})
+    let report = pgtenant::admin::sweep(&mut client, &SweepOptions::default(), |_, _| {})
         .await
         .unwrap();
     assert_eq!(report.replicas_pruned, 1, "{report:?}");

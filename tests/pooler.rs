@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use pgtenant::{Error, Router};
 use support::{database, options, tenant};
 

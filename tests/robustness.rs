@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use pgtenant::{Error, Event, Router, RouterOptions};
 use support::{database, options, tenant};
 
@@ -88,6 +88,7 @@ async fn check(url: &str, options: RouterOptions, option: &str, value: &str) -> 
         Err(Error::InvalidOption {
             option: named,
             reason,
+            ..
         }) => {
             assert_eq!(named, option, "{reason}");
             assert!(
@@ -131,7 +132,7 @@ async fn no_duration_or_count_panics_and_every_refusal_names_option_value_and_ra
         }),
         // Socket timeouts far beyond what a socket takes must not panic in the driver either.
         ("config", |url, d| {
-            let mut config: pgtenant::tokio_postgres::Config = url.parse().unwrap();
+            let mut config: pgtenant::postgres::Config = url.parse().unwrap();
             config.keepalives_idle(d).tcp_user_timeout(d);
             RouterOptions::new("table", config)
                 .ttl(support::TTL)
@@ -170,7 +171,7 @@ async fn no_duration_or_count_panics_and_every_refusal_names_option_value_and_ra
     for (n, valid) in [(0, false), (1, true), (1024, true), (usize::MAX, false)] {
         match router.migrate_all(n, |_| {}).await {
             Ok(_) => assert!(valid, "concurrency {n} accepted"),
-            Err(Error::InvalidOption { option, reason }) => {
+            Err(Error::InvalidOption { option, reason, .. }) => {
                 assert!(!valid, "concurrency {n} refused: {reason}");
                 assert_eq!(option, "concurrency");
                 assert!(
@@ -225,11 +226,10 @@ async fn wait_for_and_request_handoff_take_any_timeout() {
 async fn tls_demanded_without_a_connector_and_nul_bytes_are_not_retryable() {
     let (db, _client) = database().await;
     let mut required = db.config();
-    required.ssl_mode(pgtenant::tokio_postgres::config::SslMode::Require);
+    required.ssl_mode(pgtenant::postgres::config::SslMode::Require);
     let error = Router::start(RouterOptions::new("tls", required.clone()))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(error, Error::InvalidOption { option: "tls", .. }),
         "{error}"
@@ -240,8 +240,7 @@ async fn tls_demanded_without_a_connector_and_nul_bytes_are_not_retryable() {
     let nul = format!("{}%00x", db.url());
     let error = Router::start(RouterOptions::from_url("nul", &nul).unwrap())
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(
         matches!(
             error,
@@ -262,7 +261,7 @@ async fn tls_demanded_without_a_connector_and_nul_bytes_are_not_retryable() {
     for (config, says) in [(required, "RouterOptions::tls"), (nul_name, "null")] {
         let manager = Manager::from_config(
             config,
-            pgtenant::tokio_postgres::NoTls,
+            pgtenant::postgres::NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -271,8 +270,7 @@ async fn tls_demanded_without_a_connector_and_nul_bytes_are_not_retryable() {
         // Start checks the pool's sessions (read-only by default), which is its first use.
         let error = Router::start(options(db.url(), "own-pool").pool(pool))
             .await
-            .err()
-            .expect("the pool cannot connect");
+            .expect_err("the pool cannot connect");
         assert!(!error.is_retryable(), "{error}");
         assert!(
             error.to_string().contains(says),
@@ -309,6 +307,7 @@ async fn a_bad_connection_string_names_the_part_and_what_it_accepts() {
             Err(Error::InvalidOption {
                 option: "database_url",
                 reason,
+                ..
             }) => {
                 for part in parts {
                     assert!(reason.contains(part), "{url}: {part:?} missing: {reason}");

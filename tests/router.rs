@@ -89,7 +89,10 @@ async fn serving_then_draining_then_handed_off_with_events_in_order() {
         Err(Error::Draining { .. })
     ));
     assert_eq!(router.summary().draining, 1);
-    assert_eq!(router.status(&id).await.unwrap().here, Some("draining"));
+    assert_eq!(
+        router.status(&id).await.unwrap().here,
+        Some(pgtenant::HandleState::Draining)
+    );
     release.send(()).unwrap();
     work.await.unwrap().expect("the work in flight commits");
     handing.await.unwrap().expect("handoff");
@@ -169,7 +172,7 @@ async fn abandon_releases_at_once() {
         Err(Error::LeaseLost { .. })
     ));
     let taken = other.open(&id).await.expect("free at once");
-    assert_eq!(taken.epoch(), handle.epoch() + 1);
+    assert_eq!(taken.epoch(), handle.epoch().get() + 1);
     router.close().await;
     other.close().await;
 }
@@ -200,7 +203,7 @@ async fn close_hands_off_in_lanes_and_a_stuck_tenant_holds_one_lane_for_the_drai
         let router = router.clone();
         tokio::spawn(async move { router.close().await })
     };
-    let mut stuck: Option<String> = None;
+    let mut stuck: Option<pgtenant::TenantId> = None;
     let mut draining_now = 0;
     let mut finished = 0;
     while finished < 4 {
@@ -213,7 +216,7 @@ async fn close_hands_off_in_lanes_and_a_stuck_tenant_holds_one_lane_for_the_drai
                 );
                 if stuck.is_none() {
                     stuck = Some(tenant); // never released: it must give up after the drain timeout
-                } else if let Some((release, _)) = work.remove(&tenant) {
+                } else if let Some((release, _)) = work.remove(tenant.key()) {
                     release.send(()).unwrap();
                 }
             }
@@ -228,7 +231,7 @@ async fn close_hands_off_in_lanes_and_a_stuck_tenant_holds_one_lane_for_the_drai
     let stuck = stuck.unwrap();
     assert_eq!(report.handed_off.len(), 3);
     assert_eq!(report.failed.len(), 1);
-    assert_eq!(report.failed[0].0.key(), stuck);
+    assert_eq!(report.failed[0].0, stuck);
     assert!(matches!(report.failed[0].1, Error::DrainTimeout { .. }));
     assert!(
         router.close().await.failed.is_empty(),
@@ -397,7 +400,7 @@ async fn capacity_counts_open_tenants() {
     let first = router.open_or_create(&tenant("cap-1")).await.unwrap();
     router.open_or_create(&tenant("cap-2")).await.unwrap();
     match router.open_or_create(&tenant("cap-3")).await {
-        Err(Error::AtCapacity { max: 2 }) => {}
+        Err(Error::AtCapacity { max: 2, .. }) => {}
         other => panic!("expected AtCapacity, got {other:?}"),
     }
     // An open of a tenant already served is not a new slot.
@@ -441,7 +444,7 @@ async fn wait_for_wakes_on_a_handoff() {
     ));
     held.handoff().await.unwrap();
     let got = waiting.0.await.unwrap().expect("woken by the handoff");
-    assert_eq!(got.epoch(), held.epoch() + 1);
+    assert_eq!(got.epoch(), held.epoch().get() + 1);
     owner.close().await;
     waiting.1.close().await;
 }
@@ -570,7 +573,7 @@ async fn a_tenant_whose_schema_vanished_is_quarantined_until_cleared() {
     }
     wait_event(&mut events, id.key(), "quarantined").await;
     let status = router.status(&id).await.unwrap();
-    assert_eq!(status.state, "quarantined");
+    assert_eq!(status.state, pgtenant::TenantState::Quarantined);
     assert!(status.quarantine_cause.unwrap().contains(&schema));
     assert!(status
         .quarantine_repair
@@ -590,11 +593,11 @@ async fn a_tenant_whose_schema_vanished_is_quarantined_until_cleared() {
         .batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
         .unwrap(); // the repair
-    assert!(pgtenant::clear_quarantine(&client, &id, "operator")
+    assert!(pgtenant::admin::clear_quarantine(&client, &id, "operator")
         .await
         .unwrap());
     assert!(
-        !pgtenant::clear_quarantine(&client, &id, "operator")
+        !pgtenant::admin::clear_quarantine(&client, &id, "operator")
             .await
             .unwrap(),
         "nothing left to clear"

@@ -361,7 +361,7 @@ async fn a_stale_handle_whose_work_rolls_back_and_writes_commits_nothing() {
 
 #[tokio::test]
 async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
-    use pgtenant::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod};
     let (db, _admin) = database().await;
     let manager = Manager::from_config(
         db.config(),
@@ -372,7 +372,7 @@ async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
     );
     let pool = Pool::builder(manager).max_size(2).build().expect("pool");
     match Router::start(options(db.url(), "writable").pool(pool.clone())).await {
-        Err(Error::InvalidOption { option, reason }) => {
+        Err(Error::InvalidOption { option, reason, .. }) => {
             assert_eq!(option, "pool");
             assert!(reason.contains("default_transaction_read_only"), "{reason}");
         }

@@ -117,7 +117,7 @@ pub struct Tenants {
     #[arg(long, value_name = "REPLICA")]
     pub owner: Option<String>,
     /// Only tenants in this state
-    #[arg(long, value_parser = PossibleValuesParser::new(pgtenant::TENANT_STATES))]
+    #[arg(long, value_parser = PossibleValuesParser::new(pgtenant::TenantState::ALL.map(pgtenant::TenantState::as_str)))]
     pub state: Option<String>,
     /// Only quarantined tenants
     #[arg(long, conflicts_with = "healthy")]

@@ -60,8 +60,8 @@ enum Access {
 /// without a control plane, and no writes to one newer than this binary or older than it (the
 /// library's SQL is written for its own version; `pgtenant setup` upgrades).
 async fn check_control_plane(client: &Client, access: Access) -> Result<i64, CliError> {
-    let found = pgtenant::control_plane_version(client).await?;
-    let supported = pgtenant::supported_version();
+    let found = pgtenant::admin::control_plane_version(client).await?;
+    let supported = pgtenant::admin::supported_version();
     if found == 0 {
         return Err(CliError::NoControlPlane);
     }
@@ -89,14 +89,14 @@ async fn check_control_plane(client: &Client, access: Access) -> Result<i64, Cli
 
 pub async fn setup(connection: &Connection, args: &cli::Setup) -> Result<(), CliError> {
     let (_, mut connected) = connect(connection).await?;
-    let mut roles = pgtenant::SetupOptions::default();
+    let mut roles = pgtenant::admin::SetupOptions::default();
     if let Some(role) = &args.app_role {
         roles = roles.app_role(role);
     }
     if let Some(role) = &args.operator_role {
         roles = roles.operator_role(role);
     }
-    let report = pgtenant::setup_with(&mut connected.client, &roles).await?;
+    let report = pgtenant::admin::setup_with(&mut connected.client, &roles).await?;
     if args.output.json {
         return output::json(&report);
     }
@@ -134,7 +134,7 @@ pub async fn status(connection: &Connection, args: &cli::Status) -> Result<(), C
 
 pub async fn status_of(client: &Client, json: bool) -> Result<(), CliError> {
     let version = check_control_plane(client, Access::Read).await?;
-    let supported = pgtenant::supported_version();
+    let supported = pgtenant::admin::supported_version();
     if json {
         let replicas = client
             .query(
@@ -169,10 +169,10 @@ pub async fn status_of(client: &Client, json: bool) -> Result<(), CliError> {
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()
             .map_err(CliError::db("read pgtenant.replica_status"))?;
         let mut tenants = Vec::new();
-        let mut query = pgtenant::TenantQuery::default();
+        let mut query = pgtenant::admin::TenantQuery::default();
         query.limit = 10_000;
         loop {
-            let page = pgtenant::list_tenants(client, &query).await?;
+            let page = pgtenant::admin::list_tenants(client, &query).await?;
             let full = page.len() as i64 == query.limit;
             query.after = page.last().map(|record| record.tenant.clone());
             tenants.extend(page);
@@ -227,10 +227,10 @@ async fn print_query(client: &Client, sql: &str) -> Result<(), CliError> {
 }
 
 pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
-    let mut query = pgtenant::TenantQuery::default();
+    let mut query = pgtenant::admin::TenantQuery::default();
     query.owner = args.owner.clone();
-    query.state = args.state.clone();
-    query.after = args.after.as_ref().map(|id| id.key().to_owned());
+    query.state = args.state.as_deref().map(str::parse).transpose()?;
+    query.after = args.after.clone();
     query.limit = args.limit;
     query.behind = args.behind;
     query.quarantined = match (args.quarantined, args.healthy) {
@@ -241,14 +241,16 @@ pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(),
     let (_, connected) = connect(connection).await?;
     let client = &connected.client;
     check_control_plane(client, Access::Read).await?;
-    let records = pgtenant::list_tenants(client, &query).await?;
+    let records = pgtenant::admin::list_tenants(client, &query).await?;
     // A full page has a next one only if a tenant follows its last: ask for one.
     let next_after = match records.last() {
         Some(last) if records.len() as i64 == query.limit => {
             let mut probe = query.clone();
             probe.after = Some(last.tenant.clone());
             probe.limit = 1;
-            let more = !pgtenant::list_tenants(client, &probe).await?.is_empty();
+            let more = !pgtenant::admin::list_tenants(client, &probe)
+                .await?
+                .is_empty();
             more.then(|| last.tenant.clone())
         }
         _ => None,
@@ -263,8 +265,8 @@ pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(),
         .iter()
         .map(|r| {
             vec![
-                r.tenant.clone(),
-                r.state.clone(),
+                r.tenant.to_string(),
+                r.state.to_string(),
                 cell(&r.owner),
                 r.epoch.to_string(),
                 r.version.to_string(),
@@ -294,15 +296,15 @@ pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(),
 pub async fn show(connection: &Connection, args: &cli::Show) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
     check_control_plane(&connected.client, Access::Read).await?;
-    let record = pgtenant::show_tenant(&connected.client, &args.tenant)
+    let record = pgtenant::admin::show_tenant(&connected.client, &args.tenant)
         .await?
         .ok_or_else(|| CliError::UnknownTenant(args.tenant.clone()))?;
     if args.output.json {
         return output::json(&record);
     }
     output::fields(&[
-        ("tenant", record.tenant.clone()),
-        ("state", record.state.clone()),
+        ("tenant", record.tenant.to_string()),
+        ("state", record.state.to_string()),
         ("created", record.created_at.clone()),
         ("schema", cell(&record.schema)),
         ("version", record.version.to_string()),
@@ -319,7 +321,7 @@ pub async fn show(connection: &Connection, args: &cli::Show) -> Result<(), CliEr
 pub async fn trash(connection: &Connection, args: &cli::Trash) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
     check_control_plane(&connected.client, Access::Read).await?;
-    let trash = pgtenant::list_trash(&connected.client).await?;
+    let trash = pgtenant::admin::list_trash(&connected.client).await?;
     if args.output.json {
         return output::json(&trash);
     }
@@ -345,9 +347,9 @@ pub async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), Cli
     // The callback cannot return an error: keep the first and stop printing (the sweep goes on,
     // it is resumable anyway).
     let mut failed_output: Option<CliError> = None;
-    let report = pgtenant::sweep(
+    let report = pgtenant::admin::sweep(
         &mut connected.client,
-        &pgtenant::SweepOptions::with_retention(args.retention),
+        &pgtenant::admin::SweepOptions::with_retention(args.retention),
         |schema, dropped| {
             if !json && failed_output.is_none() {
                 if let Err(error) = out!("  {schema}: {dropped} objects dropped") {
@@ -387,7 +389,7 @@ pub async fn clear(connection: &Connection, args: &cli::Clear) -> Result<(), Cli
     check_control_plane(&connected.client, Access::Write("clear")).await?;
     let id = &args.tenant;
     let by = format!("pgtenant-cli-{}", std::process::id());
-    let cleared = pgtenant::clear_quarantine(&connected.client, id, &by).await?;
+    let cleared = pgtenant::admin::clear_quarantine(&connected.client, id, &by).await?;
     if args.output.json {
         return output::json(&serde_json::json!({ "tenant": id.key(), "cleared": cleared }));
     }
@@ -415,15 +417,18 @@ pub async fn migrate(connection: &Connection, args: &cli::Migrate) -> Result<(),
     check_control_plane(&connected.client, Access::Write("migrate")).await?;
 
     let mut behind = Vec::new();
-    let mut query = pgtenant::TenantQuery::default();
+    let mut query = pgtenant::admin::TenantQuery::default();
     query.behind = Some(target_version);
     query.quarantined = Some(false);
     query.limit = 10_000;
     loop {
-        let page = pgtenant::list_tenants(&connected.client, &query).await?;
+        let page = pgtenant::admin::list_tenants(&connected.client, &query).await?;
         let full = page.len() as i64 == query.limit;
         query.after = page.last().map(|record| record.tenant.clone());
-        behind.extend(page.into_iter().map(|r| (r.tenant, i64::from(r.version))));
+        behind.extend(
+            page.into_iter()
+                .map(|r| (r.tenant.key().to_owned(), i64::from(r.version))),
+        );
         if !full {
             break;
         }

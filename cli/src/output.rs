@@ -96,7 +96,7 @@ pub struct Status {
     pub supported_version: i64,
     pub replicas: Vec<Replica>,
     /// The same records as `pgtenant tenants --json`, all of them.
-    pub tenants: Vec<pgtenant::TenantRecord>,
+    pub tenants: Vec<pgtenant::admin::TenantRecord>,
 }
 
 /// One row of `pgtenant.replica_status`.
@@ -118,9 +118,9 @@ pub struct Replica {
 /// `pgtenant tenants --json`: a page, and where the next one starts.
 #[derive(Debug, Serialize)]
 pub struct TenantsPage {
-    pub tenants: Vec<pgtenant::TenantRecord>,
+    pub tenants: Vec<pgtenant::admin::TenantRecord>,
     /// Pass as `--after` for the next page; null on the last page.
-    pub next_after: Option<String>,
+    pub next_after: Option<pgtenant::TenantId>,
 }
 
 /// `pgtenant migrate --json`.

@@ -52,7 +52,7 @@ async fn setup_twice_then_status() {
     assert_eq!(value["tenants"][0]["tenant"], "acme/books");
     assert_eq!(
         value["control_plane_version"],
-        pgtenant::supported_version()
+        pgtenant::admin::supported_version()
     );
 }
 

@@ -61,7 +61,7 @@ async fn a_newer_control_plane_refuses_writes() {
         )
         .await
         .expect("a control plane from the future");
-    let supported = pgtenant::supported_version();
+    let supported = pgtenant::admin::supported_version();
     let dir = migrations_dir("newer", "CREATE TABLE accounts (id bigint);");
     for (command, args) in [
         ("sweep", &["sweep", "--retention", "0s"][..]),

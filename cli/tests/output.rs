@@ -94,7 +94,7 @@ async fn status_and_tenants_json_agree() {
     assert!(replica["released_at"].is_null(), "{status:#}");
     assert_eq!(
         status["control_plane_version"],
-        pgtenant::supported_version()
+        pgtenant::admin::supported_version()
     );
 }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use pgtenant::tokio_postgres::Client;
+use pgtenant::postgres::Client;
 use pgtenant::{Router, TenantHandle, TenantId};
 use pgtenant_testkit::TestDatabase;
 

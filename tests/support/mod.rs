@@ -261,7 +261,10 @@ pub fn child_main() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async move {
         let router = router(&url, &replica).await;
-        say(&format!("ready {}", router.incarnation().unwrap_or(0)));
+        say(&format!(
+            "ready {}",
+            router.incarnation().map_or(0, |i| i.get())
+        ));
         let (tx, mut commands) = mpsc::unbounded_channel::<String>();
         std::thread::spawn(move || {
             for line in std::io::stdin().lock().lines().map_while(Result::ok) {

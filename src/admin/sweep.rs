@@ -1,245 +1,16 @@
-//! Operators' view and housekeeping: listing tenants and trash, and the sweep that drops
-//! trashed and masked schemas.
+//! The sweep (DESIGN §5 "Sweep (masked epochs)"): drops trashed schemas past retention and
+//! every masked schema, object by object in small transactions, off the hot path, resumable.
+//! It trusts nothing it reads (G8): a schema goes only if its name is one pgtenant derives from
+//! its tenant and epoch and its owner is the tenant-owner role.
 
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio_postgres::{Client, GenericClient};
+use tokio_postgres::Client;
 
 use crate::error::{Error, Result};
 use crate::id::{TenantId, TRASH_PREFIX};
-use crate::options::validate_replica_id;
-
-/// Tenant states as `pgtenant.lease_status` reports them.
-pub const TENANT_STATES: [&str; 7] = [
-    "held",
-    "stalled",
-    "expired",
-    "free",
-    "reserved",
-    "quarantined",
-    "forgotten",
-];
-
-/// Which tenants [`list_tenants`] returns: filters combine with AND; pages by key.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TenantQuery {
-    /// Only tenants owned by this replica.
-    pub owner: Option<String>,
-    /// Only tenants in this state (one of [`TENANT_STATES`]).
-    pub state: Option<String>,
-    /// Only quarantined (true) or only healthy (false) tenants.
-    pub quarantined: Option<bool>,
-    /// Only live tenants whose migration version is below this one.
-    pub behind: Option<i64>,
-    /// The page after this tenant key (keyset paging: pass the last key of a page).
-    pub after: Option<String>,
-    /// Page size, 1..=10 000 (default 100).
-    pub limit: i64,
-}
-
-impl Default for TenantQuery {
-    fn default() -> Self {
-        TenantQuery {
-            owner: None,
-            state: None,
-            quarantined: None,
-            behind: None,
-            after: None,
-            limit: 100,
-        }
-    }
-}
-
-impl TenantQuery {
-    fn validate(&self) -> Result<()> {
-        let invalid = |option, reason: String| Err(Error::InvalidOption { option, reason });
-        if let Some(owner) = &self.owner {
-            validate_replica_id("owner", owner)?;
-        }
-        if let Some(state) = &self.state {
-            if !TENANT_STATES.contains(&state.as_str()) {
-                return invalid(
-                    "state",
-                    format!(
-                        "{:?} is not a state; use one of {}",
-                        state.chars().take(40).collect::<String>(),
-                        TENANT_STATES.join(", ")
-                    ),
-                );
-            }
-        }
-        if let Some(after) = &self.after {
-            TenantId::parse(after)?;
-        }
-        if !(1..=10_000).contains(&self.limit) {
-            return invalid("limit", format!("{} is outside 1..=10000", self.limit));
-        }
-        Ok(())
-    }
-}
-
-/// One tenant's record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct TenantRecord {
-    /// `organization/ledger`.
-    pub tenant: String,
-    /// See [`TENANT_STATES`].
-    pub state: String,
-    /// The owner replica.
-    pub owner: Option<String>,
-    /// The current epoch.
-    pub epoch: i64,
-    /// Whether the owner is alive.
-    pub owner_alive: Option<bool>,
-    /// The live schema (None when forgotten).
-    pub schema: Option<String>,
-    /// The tenant's migration version.
-    pub version: i32,
-    /// The highest forgotten epoch (0: never forgotten).
-    pub forgotten_at_epoch: i64,
-    /// Why it is quarantined.
-    pub quarantine_cause: Option<String>,
-    /// What to do about it.
-    pub quarantine_repair: Option<String>,
-    /// When the tenant was first created (UTC, RFC 3339).
-    pub created_at: String,
-    /// When its lease was last acquired (UTC, RFC 3339).
-    pub acquired_at: Option<String>,
-}
-
-const RECORD_SQL: &str =
-    "SELECT s.tenant, s.state, s.owner, s.epoch, s.owner_alive, s.schema, s.version,
-        t.forgotten_at_epoch, s.quarantine_cause, s.quarantine_repair,
-        to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-        to_char(s.acquired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-   FROM pgtenant.lease_status s JOIN pgtenant.tenants t ON t.key = s.tenant";
-
-fn record(row: &tokio_postgres::Row) -> TenantRecord {
-    TenantRecord {
-        tenant: row.get(0),
-        state: row.get(1),
-        owner: row.get(2),
-        epoch: row.get(3),
-        owner_alive: row.get(4),
-        schema: row.get(5),
-        version: row.get(6),
-        forgotten_at_epoch: row.get(7),
-        quarantine_cause: row.get(8),
-        quarantine_repair: row.get(9),
-        created_at: row.get(10),
-        acquired_at: row.get(11),
-    }
-}
-
-/// A page of tenants, by key. Invalid filters are refused before any query.
-pub async fn list_tenants(
-    client: &impl GenericClient,
-    query: &TenantQuery,
-) -> Result<Vec<TenantRecord>> {
-    query.validate()?;
-    let behind = query.behind.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
-    let rows = client
-        .query(
-            &format!(
-                "{RECORD_SQL}
-                  WHERE ($1::text IS NULL OR s.owner = $1)
-                    AND ($2::text IS NULL OR s.state = $2)
-                    AND ($3::bool IS NULL OR (s.quarantine_cause IS NOT NULL) = $3)
-                    AND ($4::int IS NULL OR (s.schema IS NOT NULL AND s.version < $4))
-                    AND ($5::text IS NULL OR s.tenant > $5)
-                  ORDER BY s.tenant LIMIT $6"
-            ),
-            &[
-                &query.owner,
-                &query.state,
-                &query.quarantined,
-                &behind,
-                &query.after,
-                &query.limit,
-            ],
-        )
-        .await
-        .map_err(Error::db("list tenants"))?;
-    Ok(rows.iter().map(record).collect())
-}
-
-/// One tenant's record, or None when the control plane has never seen it.
-pub async fn show_tenant(
-    client: &impl GenericClient,
-    id: &TenantId,
-) -> Result<Option<TenantRecord>> {
-    let row = client
-        .query_opt(&format!("{RECORD_SQL} WHERE s.tenant = $1"), &[&id.key()])
-        .await
-        .map_err(Error::db(format!("show tenant {id}")))?;
-    Ok(row.as_ref().map(record))
-}
-
-/// A trashed schema.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct TrashRecord {
-    /// The schema's name in the trash.
-    pub schema: String,
-    /// The tenant it belonged to.
-    pub tenant: String,
-    /// The epoch it was forgotten at.
-    pub epoch: i64,
-    /// Its name while live.
-    pub live_name: String,
-    /// Its migration version.
-    pub version: i32,
-    /// When it was trashed (UTC, RFC 3339).
-    pub trashed_at: String,
-    /// When the sweep removed it.
-    pub swept_at: Option<String>,
-}
-
-/// Everything in the trash, newest first.
-pub async fn list_trash(client: &impl GenericClient) -> Result<Vec<TrashRecord>> {
-    let rows = client
-        .query(
-            "SELECT schema_name, tenant_key, epoch, live_name, schema_version,
-                    to_char(trashed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-                    to_char(swept_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-               FROM pgtenant.trash ORDER BY trashed_at DESC, schema_name",
-            &[],
-        )
-        .await
-        .map_err(Error::db("list the trash"))?;
-    Ok(rows
-        .iter()
-        .map(|row| TrashRecord {
-            schema: row.get(0),
-            tenant: row.get(1),
-            epoch: row.get(2),
-            live_name: row.get(3),
-            version: row.get(4),
-            trashed_at: row.get(5),
-            swept_at: row.get(6),
-        })
-        .collect())
-}
-
-/// Clears a tenant's quarantine (recording `by` in the journal) so it can be opened again;
-/// false when it was not quarantined. Do it after the repair the quarantine names.
-pub async fn clear_quarantine(
-    client: &impl GenericClient,
-    id: &TenantId,
-    by: &str,
-) -> Result<bool> {
-    client
-        .query_one(
-            "SELECT pgtenant.clear_quarantine($1, $2)",
-            &[&id.key(), &by],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(format!("clear the quarantine of tenant {id}")))
-}
+use crate::sqlstate;
 
 /// How [`sweep`] works.
 #[derive(Debug, Clone)]
@@ -362,7 +133,7 @@ pub async fn sweep(
                 report.swept.push(schema);
             }
             Err(Error::Database { source, .. })
-                if source.code().map(|c| c.code()) == Some("55P03") =>
+                if sqlstate::of(&source) == Some(sqlstate::LOCK_NOT_AVAILABLE) =>
             {
                 report
                     .deferred
@@ -436,7 +207,7 @@ async fn foreign_owner(client: &Client, schema: &str) -> Result<Option<String>> 
             &[&schema],
         )
         .await
-        .map_err(Error::db(format!("check the owner of schema {schema}")))?;
+        .map_err(Error::db_with(|| format!("check the owner of schema {schema}")))?;
     Ok(row.and_then(|row| {
         let expected: Option<bool> = row.get(0);
         let owner: String = row.get(1);
@@ -510,20 +281,20 @@ async fn drop_schema(
             .read_only(false)
             .start()
             .await
-            .map_err(Error::db(context()))?;
+            .map_err(Error::db_with(context))?;
         tx.execute(
             "SELECT set_config('lock_timeout', $1, true)",
             &[&lock_timeout],
         )
         .await
-        .map_err(Error::db(context()))?;
+        .map_err(Error::db_with(context))?;
         let live = tx
             .query_opt(
                 "SELECT 1 FROM pgtenant.tenants WHERE schema_name = $1",
                 &[&schema],
             )
             .await
-            .map_err(Error::db(context()))?;
+            .map_err(Error::db_with(context))?;
         if live.is_some() {
             // Became live (restored) since it was listed: never touch it.
             return Ok(());
@@ -539,18 +310,18 @@ async fn drop_schema(
                 &[&schema, &batch],
             )
             .await
-            .map_err(Error::db(context()))?;
+            .map_err(Error::db_with(context))?;
         if objects.is_empty() {
             tx.batch_execute(&format!(
                 "DROP SCHEMA IF EXISTS {} CASCADE",
                 quote_ident(schema)
             ))
             .await
-            .map_err(Error::db(context()))?;
+            .map_err(Error::db_with(context))?;
             tx.execute("SELECT pgtenant.record_swept($1, $2)", &[&schema, &tenant])
                 .await
-                .map_err(Error::db(context()))?;
-            tx.commit().await.map_err(Error::db(context()))?;
+                .map_err(Error::db_with(context))?;
+            tx.commit().await.map_err(Error::db_with(context))?;
             // A schema with objects was reported after its last batch already.
             if dropped == 0 {
                 progress(schema, dropped);
@@ -575,36 +346,9 @@ async fn drop_schema(
         }
         tx.batch_execute(&statements)
             .await
-            .map_err(Error::db(context()))?;
-        tx.commit().await.map_err(Error::db(context()))?;
+            .map_err(Error::db_with(context))?;
+        tx.commit().await.map_err(Error::db_with(context))?;
         dropped += objects.len();
         progress(schema, dropped);
     }
-}
-
-/// Parses durations such as `90s`, `15m`, `12h`, `7d` (for the command line).
-pub fn parse_duration(text: &str) -> Result<Duration> {
-    let invalid = || Error::InvalidOption {
-        option: "duration",
-        reason: format!(
-            "{:?} is not a duration; use a number with s, m, h or d, e.g. 7d",
-            text.chars().take(40).collect::<String>()
-        ),
-    };
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(invalid)?;
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| invalid())?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(invalid()),
-    };
-    number
-        .checked_mul(seconds)
-        .map(Duration::from_secs)
-        .ok_or_else(invalid)
 }

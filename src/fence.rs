@@ -1,0 +1,371 @@
+//! Fenced transactions (DESIGN §5 "Fenced transaction"): `BEGIN READ WRITE; SELECT
+//! pgtenant.fence(…)`, the work, then `CLOSE pgtenant_fenced; COMMIT`.
+//!
+//! The fence refuses a stale, released or forgotten epoch inside PostgreSQL, scrubs the session
+//! a previous user of the connection left (when it changes tenant or role), pins `search_path`
+//! and opens a marker cursor; closing that cursor in the COMMIT's own message proves the work did
+//! not end the fenced transaction itself. Two ways in:
+//! * [`TenantHandle::run`](crate::TenantHandle::run) / `read` take the work as a closure; the
+//!   fence travels with the work's first statement (no extra round trip) and its reply is read
+//!   concurrently with the work's, so nothing the server interleaves (ParameterStatus, NOTICE,
+//!   NOTIFY) can leave it unread and stall the connection.
+//! * [`TenantConnection::begin`] returns a guard that derefs to the driver's transaction, for
+//!   work that borrows freely and uses `?`; it waits for the fence's verdict before returning
+//!   (one round trip more than `run`).
+
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Statement, Transaction};
+
+use crate::error::{Error, Result};
+use crate::handle::{BoxFuture, CancelOnForget, HandleInner, InFlight};
+use crate::replica::pool_error;
+use crate::sqlstate;
+
+/// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
+/// search_path + the marker cursor). Both forms take (key, epoch, lock key, idle ms) and
+/// return one row or raise.
+const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
+/// The read-only variant: the same checks without the lock.
+const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
+/// The fences' parameter types, for the unnamed (uncached) form.
+const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
+/// Ends a fenced transaction. If the work ended the fenced transaction itself, the marker
+/// cursor is gone, CLOSE fails and nothing the work did after that commits: one message, no
+/// extra round trip.
+const COMMIT_SQL: &str = "CLOSE pgtenant_fenced; COMMIT";
+
+/// The transaction [`TenantHandle::run`](crate::TenantHandle::run) hands its work: derefs to
+/// the driver's [`Transaction`]. `'a` is what the work may borrow from its caller.
+pub struct Tx<'t, 'a> {
+    transaction: &'t Transaction<'t>,
+    // Implies 'a: 't for every 't the work is called with, so the work may capture borrows
+    // that live as long as the call to `run`, not 'static ones only.
+    _borrows: PhantomData<&'t &'a ()>,
+}
+
+impl<'t> Deref for Tx<'t, '_> {
+    type Target = Transaction<'t>;
+
+    fn deref(&self) -> &Transaction<'t> {
+        self.transaction
+    }
+}
+
+impl std::fmt::Debug for Tx<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tx")
+    }
+}
+
+/// The fence statement for this connection: prepared once per pooled connection (the server
+/// then neither parses nor plans it), or None to send it unnamed (behind a pooler that keeps
+/// no prepared statements).
+async fn fence_statement(
+    handle: &HandleInner,
+    client: &deadpool_postgres::Object,
+    read_only: bool,
+) -> Result<Option<Statement>> {
+    if !handle.router.options.statement_cache {
+        return Ok(None);
+    }
+    let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
+    client
+        .prepare_cached(sql)
+        .await
+        .map(Some)
+        .map_err(Error::db("prepare the fence"))
+}
+
+/// Sends the fence on `tx` and reads its reply.
+async fn fence(
+    handle: &HandleInner,
+    tx: &Transaction<'_>,
+    statement: Option<&Statement>,
+    read_only: bool,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let key = handle.id.key();
+    let epoch = handle.epoch.get();
+    let params: [&(dyn ToSql + Sync); 4] = [
+        &key,
+        &epoch,
+        &handle.lock_key,
+        &handle.router.idle_timeout_ms,
+    ];
+    match statement {
+        Some(statement) => tx.query(statement, &params).await.map(drop),
+        None => {
+            let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                params.iter().copied().zip(FENCE_TYPES).collect();
+            tx.query_typed(sql, &typed).await.map(drop)
+        }
+    }
+}
+
+/// Begins the transaction (`READ WRITE` or `READ ONLY` explicitly: data sessions default to
+/// read-only) within the stuck bound.
+async fn begin<'c>(
+    handle: &HandleInner,
+    client: &'c mut tokio_postgres::Client,
+    read_only: bool,
+    stuck: &AtomicBool,
+) -> Result<Transaction<'c>> {
+    let bound = handle.router.options.stuck_timeout;
+    match tokio::time::timeout(
+        bound,
+        client.build_transaction().read_only(read_only).start(),
+    )
+    .await
+    {
+        Ok(begun) => begun.map_err(Error::db("begin tenant transaction")),
+        Err(_) => {
+            stuck.store(true, Ordering::Release);
+            Err(Error::stuck("begin tenant transaction", bound))
+        }
+    }
+}
+
+/// Commits with the marker's proof, within the stuck bound.
+async fn commit(handle: &HandleInner, tx: Transaction<'_>, stuck: &AtomicBool) -> Result<()> {
+    let bound = handle.router.options.stuck_timeout;
+    match tokio::time::timeout(bound, tx.batch_execute(COMMIT_SQL)).await {
+        Ok(Ok(())) => {
+            // Committed: the driver's transaction must not send its ROLLBACK on drop (it holds
+            // only a borrow of the connection, so forgetting it leaks nothing).
+            std::mem::forget(tx);
+            Ok(())
+        }
+        Ok(Err(error)) if sqlstate::of(&error) == Some(sqlstate::INVALID_CURSOR_NAME) => {
+            Err(Error::TransactionEnded {
+                tenant: handle.id.clone(),
+                epoch: handle.epoch,
+            })
+        }
+        Ok(Err(error)) => Err(Error::db("commit tenant work")(error)),
+        Err(_) => {
+            stuck.store(true, Ordering::Release);
+            Err(Error::stuck("commit tenant work", bound))
+        }
+    }
+}
+
+/// Closes a pooled connection instead of returning it: one that stopped answering must never
+/// hold a pool slot.
+fn discard(handle: &HandleInner, object: deadpool_postgres::Object) {
+    tracing::warn!(tenant = %handle.id, "closing a data connection that stopped answering");
+    drop(deadpool_postgres::Object::take(object));
+}
+
+/// [`TenantHandle::run`](crate::TenantHandle::run) and `read`.
+pub(crate) async fn run<'a, T, E, F>(
+    handle: &Arc<HandleInner>,
+    read_only: bool,
+    work: F,
+) -> Result<T, E>
+where
+    E: From<Error>,
+    F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
+{
+    handle.admit()?;
+    let _in_flight = InFlight::enter(handle);
+    let mut object = handle
+        .router
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("get a connection for tenant work"))?;
+    let stuck = AtomicBool::new(false);
+    let outcome = run_on(handle, &mut object, &stuck, read_only, work).await;
+    if stuck.load(Ordering::Acquire) {
+        discard(handle, object);
+    }
+    outcome
+}
+
+async fn run_on<'a, T, E, F>(
+    handle: &Arc<HandleInner>,
+    object: &mut deadpool_postgres::Object,
+    stuck: &AtomicBool,
+    read_only: bool,
+    work: F,
+) -> Result<T, E>
+where
+    E: From<Error>,
+    F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
+{
+    let statement = fence_statement(handle, object, read_only).await?;
+    let _cancel = CancelOnForget::register(handle, object.cancel_token());
+    let tx = begin(handle, object, read_only, stuck).await?;
+    // The fence goes on the wire first (join! polls in order) and its reply is consumed as it
+    // arrives, concurrently with the work.
+    let (fenced, outcome) = tokio::join!(
+        fence(handle, &tx, statement.as_ref(), read_only),
+        work(Tx {
+            transaction: &tx,
+            _borrows: PhantomData,
+        }),
+    );
+    if let Err(error) = fenced {
+        // The work saw an aborted transaction; the fence's refusal is the real story.
+        return Err(handle.refused(error, "fence tenant work").into());
+    }
+    let value = outcome?;
+    commit(handle, tx, stuck).await?;
+    Ok(value)
+}
+
+/// A pooled data connection for one tenant's fenced transactions, from
+/// [`TenantHandle::connect`](crate::TenantHandle::connect). It goes back to the pool when
+/// dropped (or is closed, if it stopped answering).
+pub struct TenantConnection {
+    handle: Arc<HandleInner>,
+    /// None once closed for having stopped answering.
+    object: Option<deadpool_postgres::Object>,
+    stuck: AtomicBool,
+}
+
+impl std::fmt::Debug for TenantConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantConnection")
+            .field("tenant", &self.handle.id)
+            .field("epoch", &self.handle.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TenantConnection {
+    pub(crate) async fn checkout(handle: &Arc<HandleInner>) -> Result<TenantConnection> {
+        handle.admit()?;
+        let object = handle
+            .router
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("get a connection for tenant work"))?;
+        Ok(TenantConnection {
+            handle: handle.clone(),
+            object: Some(object),
+            stuck: AtomicBool::new(false),
+        })
+    }
+
+    /// Begins a fenced read-write transaction. It returns once PostgreSQL has passed the
+    /// fence, so a refused epoch is [`Error::Fenced`] here, before any work.
+    ///
+    /// ```no_run
+    /// # async fn example(tenant: &pgtenant::TenantHandle, name: &str) -> pgtenant::Result<()> {
+    /// let mut connection = tenant.connect().await?;
+    /// let tx = connection.begin().await?;
+    /// tx.execute("INSERT INTO accounts (name) VALUES ($1)", &[&name]).await?;
+    /// tx.commit().await?; // dropped without commit: rolled back
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TenantHandle::run`](crate::TenantHandle::run) before the work.
+    pub async fn begin(&mut self) -> Result<TenantTransaction<'_>> {
+        self.start(false).await
+    }
+
+    /// Like [`TenantConnection::begin`] for a `READ ONLY` transaction.
+    pub async fn begin_read(&mut self) -> Result<TenantTransaction<'_>> {
+        self.start(true).await
+    }
+
+    async fn start(&mut self, read_only: bool) -> Result<TenantTransaction<'_>> {
+        let handle = &self.handle;
+        if self.stuck.load(Ordering::Acquire) {
+            if let Some(object) = self.object.take() {
+                discard(handle, object);
+            }
+        }
+        let Some(object) = self.object.as_mut() else {
+            return Err(Error::stuck(
+                "begin tenant transaction",
+                handle.router.options.stuck_timeout,
+            ));
+        };
+        handle.admit()?;
+        let in_flight = InFlight::enter(handle);
+        let statement = fence_statement(handle, object, read_only).await?;
+        let cancel = CancelOnForget::register(handle, object.cancel_token());
+        let tx = begin(handle, object, read_only, &self.stuck).await?;
+        fence(handle, &tx, statement.as_ref(), read_only)
+            .await
+            .map_err(|error| handle.refused(error, "fence tenant work"))?;
+        Ok(TenantTransaction {
+            tx,
+            handle,
+            stuck: &self.stuck,
+            _in_flight: in_flight,
+            _cancel: cancel,
+        })
+    }
+}
+
+impl Drop for TenantConnection {
+    fn drop(&mut self) {
+        if self.stuck.load(Ordering::Acquire) {
+            if let Some(object) = self.object.take() {
+                discard(&self.handle, object);
+            }
+        }
+    }
+}
+
+/// A fenced transaction, guard-style: derefs to the driver's [`Transaction`]; commits with
+/// [`TenantTransaction::commit`] and rolls back when dropped. Counts as work in flight.
+pub struct TenantTransaction<'c> {
+    tx: Transaction<'c>,
+    handle: &'c Arc<HandleInner>,
+    stuck: &'c AtomicBool,
+    _in_flight: InFlight,
+    _cancel: CancelOnForget,
+}
+
+impl std::fmt::Debug for TenantTransaction<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantTransaction")
+            .field("tenant", &self.handle.id)
+            .field("epoch", &self.handle.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'c> Deref for TenantTransaction<'c> {
+    type Target = Transaction<'c>;
+
+    fn deref(&self) -> &Transaction<'c> {
+        &self.tx
+    }
+}
+
+impl TenantTransaction<'_> {
+    /// Commits. `Ok` means committed under the lease.
+    ///
+    /// # Errors
+    /// [`Error::TransactionEnded`] when statements run through the guard ended the fenced
+    /// transaction themselves; database errors (the transaction rolled back).
+    pub async fn commit(self) -> Result<()> {
+        let TenantTransaction {
+            tx, handle, stuck, ..
+        } = self;
+        commit(handle, tx, stuck).await
+    }
+
+    /// Rolls back (as dropping the guard does), reporting the database's answer.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn rollback(self) -> Result<()> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(Error::db("roll back tenant work"))
+    }
+}

@@ -1,0 +1,328 @@
+//! Tenant migrations (DESIGN §5 "Tenant migrations"): the application's migrations, run in a
+//! tenant's schema only under its lease — at creation inside the creating transaction (see
+//! `acquire.rs`), at open when the recorded version is behind, and for every tenant behind by
+//! [`Router::migrate_all`](crate::Router::migrate_all). A failure quarantines the tenant.
+
+use std::sync::{Arc, Mutex};
+
+use refinery::Runner;
+use tokio_postgres::types::Type;
+use tokio_postgres::Transaction;
+use tracing::warn;
+
+use crate::control;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::handle::HandleInner;
+use crate::id::TenantId;
+use crate::lease::{Epoch, Journal};
+use crate::liveness::Credentials;
+use crate::migrate::InTransaction;
+use crate::replica::{join_all, lock, pool_error, Shared};
+
+/// refinery's history table, unqualified: it resolves to the tenant schema through the
+/// transaction's pinned search_path, so each tenant records its own migrations.
+const TENANT_HISTORY_TABLE: &str = "refinery_schema_history";
+
+/// The repair an operator reads for a tenant whose migration failed.
+const MIGRATION_REPAIR: &str = "fix the migration (or the tenant's data it trips on) and deploy it, then clear the quarantine (pgtenant clear, or pgtenant::admin::clear_quarantine)";
+
+/// Applies the migrations this tenant lacks inside `tx`, whose search_path is already pinned to
+/// the tenant's schema and whose lease check (fence or acquisition) already ran. Returns the
+/// names applied. A failure is a [`Error::MigrationFailed`] naming the migration and carrying
+/// the server's message; the caller rolls back and quarantines.
+pub(crate) async fn apply(
+    tx: &Transaction<'_>,
+    migrations: &[refinery::Migration],
+) -> Result<Vec<String>> {
+    if migrations.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut runner = Runner::new(migrations);
+    runner.set_migration_table_name(TENANT_HISTORY_TABLE);
+    let report = runner
+        .set_abort_divergent(true)
+        .set_abort_missing(true)
+        .run_async(&mut InTransaction(tx))
+        .await
+        .map_err(|error| Error::MigrationFailed {
+            cause: crate::migrate::describe_refinery(&error),
+        })?;
+    Ok(report
+        .applied_migrations()
+        .iter()
+        .map(|m| format!("V{}__{}", m.version(), m.name()))
+        .collect())
+}
+
+/// Brings an existing tenant up to the code's version, in one fenced read-write transaction.
+pub(crate) async fn migrate_existing(
+    shared: &Shared,
+    client: &mut deadpool_postgres::Object,
+    id: &TenantId,
+    (epoch, lock_key): (Epoch, i32),
+    credentials: &Credentials,
+    schema: &str,
+) -> Result<()> {
+    let context = || format!("migrate tenant {id} at epoch {epoch}");
+    let tx = client
+        .build_transaction()
+        .read_only(false)
+        .start()
+        .await
+        .map_err(Error::db_with(context))?;
+    let (key, secret, epoch_value) = (id.key(), credentials.secret(), epoch.get());
+    let incarnation = credentials.incarnation.get();
+    tx.query_typed(
+        "SELECT pgtenant.fence($1, $2, $3, $4)",
+        &[
+            (&key, Type::TEXT),
+            (&epoch_value, Type::INT8),
+            (&lock_key, Type::INT4),
+            (&shared.idle_timeout_ms, Type::TEXT),
+        ],
+    )
+    .await
+    .map_err(Error::db_with(context))?;
+    let applied = apply(&tx, &shared.options.migrations).await?;
+    let code = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
+    tx.query_typed(
+        "SELECT pgtenant.schema_migrated($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            (&key, Type::TEXT),
+            (&epoch_value, Type::INT8),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&code, Type::INT4),
+            (&format!("{schema}: {}", applied.join(", ")), Type::TEXT),
+        ],
+    )
+    .await
+    .map_err(Error::db_with(context))?;
+    tx.commit().await.map_err(Error::db_with(context))
+}
+
+/// A migration that failed quarantines the tenant (which also ends the lease); any other
+/// failure just gives the lease back. `epoch` is None for a creation, which rolled back whole.
+pub(crate) async fn after_failed_migration(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    id: &TenantId,
+    epoch: Option<Epoch>,
+    credentials: &Credentials,
+    error: Error,
+) -> Error {
+    let Error::MigrationFailed { cause } = error else {
+        if let Some(epoch) = epoch {
+            give_back(shared, client, id, epoch, credentials).await;
+        }
+        return error;
+    };
+    let (key, organization, ledger, secret) = (
+        id.key(),
+        id.organization(),
+        id.ledger(),
+        credentials.secret(),
+    );
+    let (epoch, incarnation) = (epoch.map(Epoch::get), credentials.incarnation.get());
+    let quarantined = control::call(
+        client,
+        "SELECT pgtenant.quarantine($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        &[
+            (&key, Type::TEXT),
+            (&organization, Type::TEXT),
+            (&ledger, Type::TEXT),
+            (&epoch, Type::INT8),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&cause, Type::TEXT),
+            (&MIGRATION_REPAIR, Type::TEXT),
+        ],
+    )
+    .await;
+    if let Err(db) = quarantined {
+        warn!(error = %Error::db("quarantine")(db), "could not record the quarantine");
+    }
+    warn!(%cause, "tenant quarantined");
+    shared.emit(Event::Quarantined {
+        tenant: id.clone(),
+        cause: cause.clone(),
+    });
+    Error::Quarantined {
+        tenant: id.clone(),
+        cause,
+        repair: MIGRATION_REPAIR.to_owned(),
+    }
+}
+
+/// Gives a lease acquired in vain straight back (a schema ahead of the code, say).
+pub(crate) async fn give_back(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    id: &TenantId,
+    epoch: Epoch,
+    credentials: &Credentials,
+) {
+    let released =
+        crate::release::release_now(client, credentials, &[(id, epoch, Journal::Released, None)])
+            .await;
+    if let Err(error) = released {
+        warn!(tenant = %id, %error, replica = %shared.options.replica_id, "could not give the lease back; it ends with its expiry");
+    }
+}
+
+/// What [`Router::migrate_all`](crate::Router::migrate_all) did for one tenant.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MigrationOutcome {
+    /// Brought from one version to the code's.
+    Migrated {
+        /// Version before.
+        from: i64,
+        /// Version after.
+        to: i64,
+    },
+    /// Up to date by the time it was reached.
+    UpToDate,
+    /// Held by another live replica: not migrated behind its owner's back (it migrates the
+    /// tenant itself at its next open once it runs this code).
+    HeldElsewhere {
+        /// The owner.
+        owner: String,
+    },
+    /// A migration failed: the tenant is quarantined.
+    Quarantined {
+        /// The failing migration and the database's message.
+        cause: String,
+    },
+    /// Something else went wrong (the database, a lease lost): retry later.
+    Failed {
+        /// What.
+        error: String,
+    },
+}
+
+/// One tenant's result in [`Router::migrate_all`](crate::Router::migrate_all), also passed to
+/// its progress callback.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct TenantMigration {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// What happened.
+    pub outcome: MigrationOutcome,
+    /// Tenants finished so far, this one included.
+    pub done: usize,
+    /// Tenants to do in this run.
+    pub total: usize,
+}
+
+/// [`Router::migrate_all`](crate::Router::migrate_all).
+pub(crate) async fn migrate_all(
+    shared: &Arc<Shared>,
+    concurrency: usize,
+    progress: impl Fn(&TenantMigration),
+) -> Result<Vec<TenantMigration>> {
+    if !(1..=1024).contains(&concurrency) {
+        return Err(Error::InvalidOption {
+            option: "concurrency",
+            reason: format!("{concurrency} is outside 1..=1024"),
+        });
+    }
+    let code = shared.options.code_version();
+    let code32 = i32::try_from(code).unwrap_or(i32::MAX);
+    let behind: Vec<(String, i64)> = {
+        let client = shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("list tenants behind"))?;
+        client
+            .query(
+                "SELECT key, schema_version FROM pgtenant.tenants
+                  WHERE schema_name IS NOT NULL AND quarantine_cause IS NULL AND schema_version < $1
+                  ORDER BY key",
+                &[&code32],
+            )
+            .await
+            .map_err(Error::db("list tenants behind on migrations"))?
+            .iter()
+            .map(|row| (row.get(0), i64::from(row.get::<_, i32>(1))))
+            .collect()
+    };
+    let total = behind.len();
+    let queue = Mutex::new(behind.into_iter());
+    let results = Mutex::new(Vec::with_capacity(total));
+    let lane = || async {
+        loop {
+            let next = lock(&queue).next();
+            let Some((key, from)) = next else { return };
+            // The control plane's check constraint admits valid ids only.
+            let Ok(id) = TenantId::parse(&key) else {
+                continue;
+            };
+            let outcome = migrate_one(shared, &id, from, code).await;
+            let mut results = lock(&results);
+            let entry = TenantMigration {
+                tenant: id,
+                outcome,
+                done: results.len() + 1,
+                total,
+            };
+            progress(&entry);
+            results.push(entry);
+        }
+    };
+    join_all((0..concurrency).map(|_| lane())).await;
+    Ok(results
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+async fn migrate_one(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    from: i64,
+    code: i64,
+) -> MigrationOutcome {
+    let failed = |error: Error| match error {
+        Error::Quarantined { cause, .. } => MigrationOutcome::Quarantined { cause },
+        Error::LeaseHeld { owner, .. } => MigrationOutcome::HeldElsewhere { owner },
+        other => MigrationOutcome::Failed {
+            error: other.to_string(),
+        },
+    };
+    let served: Option<Arc<HandleInner>> = shared.handle(id).filter(|h| h.is_serving());
+    if let Some(inner) = served {
+        let mut client = match shared.pool.get().await {
+            Ok(client) => client,
+            Err(error) => return failed(pool_error("migrate a tenant")(error)),
+        };
+        let lease = (inner.epoch, inner.lock_key);
+        let credentials = &inner.credentials;
+        let migrated =
+            migrate_existing(shared, &mut client, id, lease, credentials, &inner.schema).await;
+        return match migrated {
+            Ok(()) => MigrationOutcome::Migrated { from, to: code },
+            Err(error) => failed(
+                after_failed_migration(shared, &client, id, Some(inner.epoch), credentials, error)
+                    .await,
+            ),
+        };
+    }
+    match crate::acquire::open(shared, id, false).await {
+        Ok(handle) => {
+            // Another replica may have migrated it since the list was read.
+            let outcome = match handle.inner().migrated_from {
+                Some(from) => MigrationOutcome::Migrated { from, to: code },
+                None => MigrationOutcome::UpToDate,
+            };
+            let _ = handle.release().await;
+            outcome
+        }
+        Err(error) => failed(error),
+    }
+}
