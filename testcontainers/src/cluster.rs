@@ -72,13 +72,13 @@ pub(crate) enum Durability {
 /// The unprivileged account initdb and postgres run as when we are root
 /// (both refuse to run as root).
 #[derive(Debug, Clone)]
-struct RunAs {
+pub(crate) struct RunAs {
     name: String,
     uid: u32,
     gid: u32,
 }
 
-struct Watchdog {
+pub(crate) struct Watchdog {
     child: Child,
     stdin: Option<ChildStdin>,
 }
@@ -192,7 +192,7 @@ impl Cluster {
             source: Source::Initdb,
             admin: self.admin_config(),
             base_url: self.url("postgres"),
-            _cluster: Some(self),
+            _keep: Some(self),
         }
     }
 
@@ -445,7 +445,7 @@ fn stop_child(mut child: Child, signal: libc::c_int) -> std::io::Result<ExitStat
     child.wait()
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The guarded values stay consistent even if a holder panicked.
     mutex
         .lock()
@@ -469,7 +469,7 @@ fn read_log(path: &Path, offset: u64) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-fn free_port() -> Result<u16, TestkitError> {
+pub(crate) fn free_port() -> Result<u16, TestkitError> {
     // The kernel picks a free port; postgres binds it a moment later, and a
     // lost race shows up as a bind error, which is retried.
     let listener = TcpListener::bind(("127.0.0.1", 0))
@@ -557,7 +557,7 @@ async fn make_certificates(dir: &Path, owner: Option<(u32, u32)>) -> Result<(), 
     protect().map_err(|e| TestkitError::io("handing the certificates to the server's user", e))
 }
 
-fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
+pub(crate) fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let parent = std::env::temp_dir();
     let pid = std::process::id();
@@ -586,7 +586,7 @@ fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
     Ok(dir)
 }
 
-fn spawn_watchdog(dir: &Path) -> Option<Watchdog> {
+pub(crate) fn spawn_watchdog(dir: &Path) -> Option<Watchdog> {
     let spawned = Command::new("/bin/sh")
         .arg("-c")
         .arg(WATCHDOG_SCRIPT)

@@ -27,8 +27,9 @@ pub(crate) struct Server {
     pub(crate) admin: Config,
     /// The admin URL; a test database's URL is this with its name swapped in.
     pub(crate) base_url: String,
-    /// Keeps an initdb cluster running while any database on it is alive.
-    pub(crate) _cluster: Option<Arc<Cluster>>,
+    /// Keeps the server (an initdb cluster or a container) running while any
+    /// database on it is alive.
+    pub(crate) _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Server {
@@ -292,7 +293,7 @@ async fn url_server() -> Result<Server, String> {
         source: Source::Url,
         admin,
         base_url,
-        _cluster: None,
+        _keep: None,
     })
 }
 
@@ -324,7 +325,7 @@ async fn local_server() -> Result<Server, String> {
         source: Source::Local,
         admin,
         base_url: format!("postgres://{auth}@127.0.0.1:5432/postgres"),
-        _cluster: None,
+        _keep: None,
     })
 }
 
