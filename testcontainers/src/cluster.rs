@@ -192,6 +192,7 @@ impl Cluster {
             source: Source::Initdb,
             admin: self.admin_config(),
             base_url: self.url("postgres"),
+            container_id: None,
             _keep: Some(self),
         }
     }

@@ -27,6 +27,8 @@ pub(crate) struct Server {
     pub(crate) admin: Config,
     /// The admin URL; a test database's URL is this with its name swapped in.
     pub(crate) base_url: String,
+    /// The container's id, for the `docker` source.
+    pub(crate) container_id: Option<String>,
     /// Keeps the server (an initdb cluster or a container) running while any
     /// database on it is alive.
     pub(crate) _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
@@ -114,6 +116,12 @@ impl TestDatabase {
     /// Where the server came from.
     pub fn source(&self) -> Source {
         self.server.source
+    }
+
+    /// The id of the Docker container the database lives in, for the `docker` source (and
+    /// `DockerPostgres`); `None` for the others.
+    pub fn container_id(&self) -> Option<&str> {
+        self.server.container_id.as_deref()
     }
 
     /// Connects without TLS; the connection runs on a spawned tokio task.
@@ -293,6 +301,7 @@ async fn url_server() -> Result<Server, String> {
         source: Source::Url,
         admin,
         base_url,
+        container_id: None,
         _keep: None,
     })
 }
@@ -325,6 +334,7 @@ async fn local_server() -> Result<Server, String> {
         source: Source::Local,
         admin,
         base_url: format!("postgres://{auth}@127.0.0.1:5432/postgres"),
+        container_id: None,
         _keep: None,
     })
 }

@@ -422,6 +422,7 @@ impl Container {
             source: Source::Docker,
             admin: self.admin_config(),
             base_url: self.url("postgres"),
+            container_id: Some(self.id.clone()),
             _keep: Some(self),
         }
     }
