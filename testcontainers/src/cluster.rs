@@ -72,13 +72,13 @@ pub(crate) enum Durability {
 /// The unprivileged account initdb and postgres run as when we are root
 /// (both refuse to run as root).
 #[derive(Debug, Clone)]
-pub(crate) struct RunAs {
+struct RunAs {
     name: String,
     uid: u32,
     gid: u32,
 }
 
-pub(crate) struct Watchdog {
+struct Watchdog {
     child: Child,
     stdin: Option<ChildStdin>,
 }
@@ -558,7 +558,7 @@ async fn make_certificates(dir: &Path, owner: Option<(u32, u32)>) -> Result<(), 
     protect().map_err(|e| TestkitError::io("handing the certificates to the server's user", e))
 }
 
-pub(crate) fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
+fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let parent = std::env::temp_dir();
     let pid = std::process::id();
@@ -587,7 +587,7 @@ pub(crate) fn make_temp_dir(run_as: Option<&RunAs>) -> Result<PathBuf, TestkitEr
     Ok(dir)
 }
 
-pub(crate) fn spawn_watchdog(dir: &Path) -> Option<Watchdog> {
+fn spawn_watchdog(dir: &Path) -> Option<Watchdog> {
     let spawned = Command::new("/bin/sh")
         .arg("-c")
         .arg(WATCHDOG_SCRIPT)

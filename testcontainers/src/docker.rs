@@ -1,12 +1,7 @@
 //! The `docker` source and [`DockerPostgres`]: PostgreSQL in a container started through
 //! testcontainers, which also waits for it (a log wait strategy) and removes it (its drop).
 //!
-//! Three things testcontainers does not do are added here:
-//! * **Engines older than its client.** testcontainers 0.27 always speaks Docker API 1.52
-//!   (bollard 0.20) and never negotiates, and an engine refuses a client newer than itself
-//!   ("client version 1.52 is too new. Maximum supported API version is 1.41" from Debian 12's
-//!   Docker 20.10; Docker 28 stops at 1.51). When the engine is older, a bridge in this process
-//!   rewrites the version in each request path to the engine's (see [`bridge`]).
+//! Two things testcontainers does not do are added here:
 //! * **Removal when the test process dies.** Rust never drops statics, so the per-process
 //!   container is removed at exit by an `atexit` handler (through testcontainers' drop), and a
 //!   remover process (`docker rm -f` of every container labelled with this process's token,
@@ -58,10 +53,6 @@ pub const CONTAINER_LABEL: &str = "pgtenant.testkit";
 
 /// This label's value is unique to the test process; the remover removes by it.
 const OWNER_LABEL: &str = "pgtenant.testkit.owner";
-
-/// Set (with `DOCKER_HOST` pointing at the bridge) to the real engine, so child processes and
-/// the remover reach the engine itself rather than a bridge that dies with this process.
-const ENGINE_ENV: &str = "PGTENANT_TESTKIT_DOCKER_ENGINE";
 
 /// What the server prints once it accepts connections. The official image first runs a
 /// temporary server for its init scripts; that one's log goes to stdout (pg_ctl redirects it),
@@ -289,8 +280,7 @@ impl fmt::Debug for DockerPostgres {
     }
 }
 
-/// The engine (and, through the bridge if it is older than testcontainers' client), the
-/// container, and how long it took.
+/// The container, where it listens and how long it took to start.
 struct Container {
     id: String,
     image: String,
@@ -569,7 +559,7 @@ pub(crate) async fn start() -> Result<Server, String> {
         }
         // SAFETY: atexit only records the pointer to a function that has no preconditions;
         // it runs once, at exit(), while the process's threads (testcontainers' drop worker,
-        // the bridge) still run.
+        // the Docker client's threads) still run.
         if unsafe { libc::atexit(remove_shared_container) } != 0 {
             tracing::warn!(container = %container.id, "atexit refused the handler; the remover process removes the container after exit");
         }
@@ -625,46 +615,25 @@ pub fn skip_without_docker(test: &str) -> bool {
     true
 }
 
-/// The engine testcontainers should use in this process: probed once; when it is older than
-/// testcontainers' client, a bridge is started and `DOCKER_HOST` points at it.
+/// The engine, probed once per process (testcontainers finds the same one by the same
+/// rules: `DOCKER_HOST`, then the usual sockets).
+///
+/// Its API version does not matter: testcontainers 0.27's bollard 0.20 builds each request
+/// URL by joining an absolute path onto `/v1.52`, which drops the version, so the engine
+/// serves every request at its own (measured with strace against Debian 12's Docker 20.10,
+/// API 1.41, which refuses `/v1.52/…` with "client version 1.52 is too new").
 fn prepare_engine() -> Result<Engine, String> {
     static PREPARED: OnceLock<Result<Engine, String>> = OnceLock::new();
     PREPARED
-        .get_or_init(|| {
-            let (engine, version) = probe_engine()?;
-            let client = testcontainers::bollard::API_DEFAULT_VERSION;
-            let client = (client.major_version as u32, client.minor_version as u32);
-            match version {
-                Some(engine_version) if engine_version < client => {
-                    let socket = bridge::start(&engine.url, engine_version)?;
-                    tracing::info!(engine = %engine.url, engine_api = ?engine_version, client_api = ?client, bridge = %socket.display(), "the Docker engine is older than testcontainers' client; bridging");
-                    // testcontainers reads its engine only from DOCKER_HOST (or a properties
-                    // file), so that is the one way to point it at the bridge. Set once, before
-                    // this process's first testcontainers call; std's env lock serializes it
-                    // with every std::env reader.
-                    std::env::set_var(ENGINE_ENV, &engine.url);
-                    std::env::set_var("DOCKER_HOST", format!("unix://{}", socket.display()));
-                }
-                _ => {
-                    // testcontainers finds the same engine by the same rules, except one named
-                    // by ENGINE_ENV (a parent's bridge in DOCKER_HOST), which it must use too.
-                    if env_value(ENGINE_ENV).is_some() {
-                        std::env::set_var("DOCKER_HOST", &engine.url);
-                    }
-                }
-            }
-            Ok(engine)
-        })
+        .get_or_init(|| probe_engine().map(|(engine, _)| engine))
         .clone()
 }
 
-/// The engine `DOCKER_HOST` (or, set by a parent's bridge, [`ENGINE_ENV`]) names, else the
-/// first usual socket that answers, with its API version if it said.
+/// The engine `DOCKER_HOST` names, else the first usual socket that answers, with its API
+/// version if it said.
 fn probe_engine() -> Result<(Engine, Option<(u32, u32)>), String> {
-    for var in [ENGINE_ENV, "DOCKER_HOST"] {
-        let Some(host) = env_value(var) else {
-            continue;
-        };
+    if let Some(host) = env_value("DOCKER_HOST") {
+        let var = "DOCKER_HOST";
         let answer = if let Some(path) = host.strip_prefix("unix://") {
             version_unix(Path::new(path)).map(|v| (true, v))
         } else if let Some(addr) = host.strip_prefix("tcp://") {
@@ -735,7 +704,7 @@ fn version_unix(path: &Path) -> Result<Option<(u32, u32)>, String> {
 }
 
 /// `GET /version` over plain TCP; with TLS only a connect is checked (the version then
-/// stays unknown and no bridge is made).
+/// stays unknown).
 fn version_tcp(addr: &str, tls: bool) -> Result<Option<(u32, u32)>, String> {
     let addrs = addr
         .to_socket_addrs()
@@ -783,7 +752,8 @@ fn api_version(body: &str) -> Option<(u32, u32)> {
     let rest = body[start..].trim_start().strip_prefix(':')?.trim_start();
     let value = rest.strip_prefix('"')?;
     let value = &value[..value.find('"')?];
-    bridge::parse_version(value)
+    let (major, minor) = value.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
 }
 
 /// The test binary's name without cargo's `-<hash>`, for [`CONTAINER_LABEL`].
@@ -813,8 +783,8 @@ fn owner_token() -> &'static str {
 
 /// Removes every container labelled with our token once its stdin closes, which happens
 /// when this process exits in any way, SIGKILL included. `$1` is the token; `DOCKER_HOST` is
-/// the real engine (a bridge would be gone with us). Its own process group: a Ctrl-C of the
-/// test run does not stop it.
+/// the engine the containers were started on. Its own process group: a Ctrl-C of the test
+/// run does not stop it.
 const REMOVER_SCRIPT: &str = r#"
 trap '' HUP INT QUIT TERM PIPE
 cat >/dev/null 2>&1
@@ -865,206 +835,8 @@ fn ensure_remover(engine: &Engine) {
     });
 }
 
-pub(crate) mod bridge {
-    //! A Docker API bridge for engines older than testcontainers' client: it rewrites the
-    //! version in each request path (`/v1.52/containers/create` → `/v1.41/…`) and asks the
-    //! engine to close the connection after the response, so every request arrives at the
-    //! start of a connection and no request body ever needs parsing. bollard opens a
-    //! connection per request anyway (no idle pool), so this costs no extra connects. Upgraded
-    //! connections (attach, exec) pass through untouched after their request line.
-    //!
-    //! Whatever the bridge forwards is what the engine accepts at its own version: fields it
-    //! does not know in a request body are ignored (Go's JSON decoding), and fields missing
-    //! from its answers are `Option`s in bollard's models.
-
-    use std::io;
-    use std::path::{Path, PathBuf};
-
-    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
-    use crate::cluster::{make_temp_dir, spawn_watchdog, Watchdog};
-
-    /// A request head larger than this is refused (Docker's are well under 8 KiB).
-    const MAX_HEAD: usize = 64 * 1024;
-
-    /// `"1.41"` → (1, 41).
-    pub(crate) fn parse_version(s: &str) -> Option<(u32, u32)> {
-        let (major, minor) = s.trim().split_once('.')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
-    }
-
-    /// The request head with the API version capped at `engine` and `Connection: close`
-    /// (unless it asks for an upgrade). `None` if it is not an HTTP request head.
-    pub(crate) fn rewrite_head(head: &str, engine: (u32, u32)) -> Option<String> {
-        let mut lines = head.split("\r\n");
-        let request_line = lines.next()?;
-        let mut parts = request_line.splitn(3, ' ');
-        let (method, target, protocol) = (parts.next()?, parts.next()?, parts.next()?);
-        if !protocol.starts_with("HTTP/") {
-            return None;
-        }
-        let target = match target
-            .strip_prefix("/v")
-            .and_then(|rest| rest.split_once('/'))
-        {
-            Some((version, path)) if parse_version(version).is_some_and(|v| v > engine) => {
-                format!("/v{}.{}/{path}", engine.0, engine.1)
-            }
-            _ => target.to_owned(),
-        };
-        let headers: Vec<&str> = lines.filter(|l| !l.is_empty()).collect();
-        let name_is = |line: &str, name: &str| {
-            line.split_once(':')
-                .is_some_and(|(n, _)| n.trim().eq_ignore_ascii_case(name))
-        };
-        let upgrade = headers.iter().any(|h| name_is(h, "upgrade"));
-        let mut out = format!("{method} {target} {protocol}\r\n");
-        for header in headers {
-            if !upgrade && (name_is(header, "connection") || name_is(header, "keep-alive")) {
-                continue;
-            }
-            out.push_str(header);
-            out.push_str("\r\n");
-        }
-        if !upgrade {
-            out.push_str("Connection: close\r\n");
-        }
-        out.push_str("\r\n");
-        Some(out)
-    }
-
-    /// The bridge's socket and the watchdog that removes its directory when we exit.
-    struct Running {
-        _watchdog: Option<Watchdog>,
-    }
-
-    /// Starts the bridge to `engine_url` on a Unix socket in a private temporary directory
-    /// and returns the socket's path. It serves, on a thread of its own, until the process
-    /// exits (test runtimes come and go; it must outlive each).
-    pub(crate) fn start(engine_url: &str, engine: (u32, u32)) -> Result<PathBuf, String> {
-        static RUNNING: std::sync::OnceLock<Running> = std::sync::OnceLock::new();
-        let dir = make_temp_dir(None).map_err(|e| e.to_string())?;
-        let socket = dir.join("docker.sock");
-        let listener = std::os::unix::net::UnixListener::bind(&socket)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .map_err(|e| format!("binding the Docker API bridge at {}: {e}", socket.display()))?;
-        let upstream = Upstream::parse(engine_url)?;
-        let watchdog = spawn_watchdog(&dir);
-        let thread = std::thread::Builder::new()
-            .name("pgtenant-testkit-docker-bridge".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(e) => {
-                        tracing::error!(error = %e, "no runtime for the Docker API bridge");
-                        return;
-                    }
-                };
-                runtime.block_on(serve(listener, upstream, engine));
-            });
-        thread.map_err(|e| format!("starting the Docker API bridge's thread: {e}"))?;
-        let _ = RUNNING.set(Running {
-            _watchdog: watchdog,
-        });
-        Ok(socket)
-    }
-
-    #[derive(Clone)]
-    enum Upstream {
-        Unix(PathBuf),
-        Tcp(String),
-    }
-
-    impl Upstream {
-        fn parse(url: &str) -> Result<Upstream, String> {
-            if let Some(path) = url.strip_prefix("unix://") {
-                Ok(Upstream::Unix(Path::new(path).to_path_buf()))
-            } else if let Some(addr) = url.strip_prefix("tcp://") {
-                Ok(Upstream::Tcp(
-                    addr.split('/').next().unwrap_or(addr).to_owned(),
-                ))
-            } else {
-                Err(format!("cannot bridge to the Docker engine at {url}"))
-            }
-        }
-    }
-
-    trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
-    impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-
-    async fn serve(
-        listener: std::os::unix::net::UnixListener,
-        upstream: Upstream,
-        engine: (u32, u32),
-    ) {
-        let listener = match tokio::net::UnixListener::from_std(listener) {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::error!(error = %e, "the Docker API bridge cannot listen");
-                return;
-            }
-        };
-        loop {
-            match listener.accept().await {
-                Ok((client, _)) => {
-                    let upstream = upstream.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = relay(client, upstream, engine).await {
-                            tracing::debug!(error = %e, "Docker API bridge connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the Docker API bridge could not accept a connection");
-                }
-            }
-        }
-    }
-
-    async fn relay(
-        mut client: tokio::net::UnixStream,
-        upstream: Upstream,
-        engine: (u32, u32),
-    ) -> io::Result<()> {
-        let mut buffer = Vec::with_capacity(4096);
-        let head_end = loop {
-            if let Some(i) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            if buffer.len() > MAX_HEAD {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "request head over 64 KiB",
-                ));
-            }
-            let mut chunk = [0u8; 4096];
-            let n = client.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok(());
-            }
-            buffer.extend_from_slice(&chunk[..n]);
-        };
-        let head = std::str::from_utf8(&buffer[..head_end])
-            .ok()
-            .and_then(|head| rewrite_head(head, engine))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not an HTTP request"))?;
-        let mut server: Box<dyn Stream> = match &upstream {
-            Upstream::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
-            Upstream::Tcp(addr) => Box::new(tokio::net::TcpStream::connect(addr).await?),
-        };
-        server.write_all(head.as_bytes()).await?;
-        server.write_all(&buffer[head_end..]).await?;
-        tokio::io::copy_bidirectional(&mut client, &mut server).await?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::bridge::rewrite_head;
     use super::*;
 
     #[test]
@@ -1114,32 +886,6 @@ mod tests {
         let body = "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\n\r\n{\"Platform\":{\"Name\":\"\"},\"Version\":\"20.10.24\",\"ApiVersion\": \"1.41\",\"MinAPIVersion\":\"1.12\"}";
         assert_eq!(api_version(body), Some((1, 41)));
         assert_eq!(api_version("{\"Version\":\"x\"}"), None);
-    }
-
-    #[test]
-    fn the_bridge_caps_the_version_and_closes_after_each_response() {
-        let head = "POST /v1.52/containers/create?platform= HTTP/1.1\r\nHost: localhost\r\nConnection: keep-alive\r\ncontent-length: 12\r\n\r\n";
-        let out = rewrite_head(head, (1, 41)).expect("a request");
-        assert_eq!(
-            out,
-            "POST /v1.41/containers/create?platform= HTTP/1.1\r\nHost: localhost\r\ncontent-length: 12\r\nConnection: close\r\n\r\n"
-        );
-        // An older client's version and unversioned paths stay as they are.
-        let out = rewrite_head("GET /v1.40/_ping HTTP/1.1\r\n\r\n", (1, 41)).expect("ping");
-        assert!(out.starts_with("GET /v1.40/_ping HTTP/1.1\r\n"), "{out}");
-        let out = rewrite_head("GET /_ping HTTP/1.1\r\n\r\n", (1, 41)).expect("ping");
-        assert!(out.starts_with("GET /_ping HTTP/1.1\r\n"), "{out}");
-        // An upgrade (attach, exec) keeps its Connection header.
-        let out = rewrite_head(
-            "POST /v1.52/exec/x/start HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
-            (1, 41),
-        )
-        .expect("upgrade");
-        assert_eq!(
-            out,
-            "POST /v1.41/exec/x/start HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
-        );
-        assert_eq!(rewrite_head("garbage\r\n\r\n", (1, 41)), None);
     }
 
     #[test]

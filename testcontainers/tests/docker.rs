@@ -15,15 +15,10 @@ use pgtenant_testkit::{
     CONTAINER_LABEL, IMAGE_ENV,
 };
 
-/// The docker command, against the real engine (never this process's bridge, which the
-/// test kit names in DOCKER_HOST and which the CLI does not need: it negotiates).
+/// The docker command, on the engine the test kit uses (both follow DOCKER_HOST).
 fn docker(args: &[&str]) -> Output {
-    let mut command = Command::new("docker");
-    command.args(args);
-    if let Ok(engine) = std::env::var("PGTENANT_TESTKIT_DOCKER_ENGINE") {
-        command.env("DOCKER_HOST", engine);
-    }
-    command
+    Command::new("docker")
+        .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running docker {args:?}: {e}"))
 }
@@ -271,9 +266,6 @@ fn await_destroyed(ids: &[String], since: u64, limit: Duration) -> Vec<String> {
         .args(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    if let Ok(engine) = std::env::var("PGTENANT_TESTKIT_DOCKER_ENGINE") {
-        command.env("DOCKER_HOST", engine);
-    }
     let mut events = command.spawn().expect("docker events");
     let stdout = events.stdout.take().expect("events stdout");
     let (tx, rx) = mpsc::channel();
