@@ -418,8 +418,11 @@ impl Container {
     }
 
     /// Removes the container now, through testcontainers' drop (which blocks until Docker
-    /// has removed it). That drop needs a tokio runtime context; outside one (at exit, or
-    /// dropped after its runtime), a small one is made for it.
+    /// has removed it). That drop needs a tokio runtime context. Outside one (at exit, or
+    /// dropped after its runtime ended) it runs on a thread of its own with a small runtime:
+    /// at exit this thread's thread-locals, tokio's context among them, may already be gone
+    /// (measured: "The Tokio context thread-local variable has been destroyed", then an
+    /// abort, when the main thread had used a runtime).
     fn remove(&self) {
         let Some(handle) = lock(&self.handle).take() else {
             return;
@@ -428,18 +431,27 @@ impl Container {
             drop(handle);
             return;
         }
-        match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(runtime) => {
-                let _entered = runtime.enter();
-                drop(handle);
-            }
-            Err(e) => {
-                tracing::warn!(container = %self.id, error = %e, "no runtime to remove the test container; the remover process removes it at exit");
-                std::mem::forget(handle);
-            }
+        let id = self.id.clone();
+        let removed = std::thread::Builder::new()
+            .name("pgtenant-testkit-remove".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => {
+                        let _entered = runtime.enter();
+                        drop(handle);
+                    }
+                    Err(e) => {
+                        tracing::warn!(container = %id, error = %e, "no runtime to remove the test container; the remover process removes it after exit");
+                        std::mem::forget(handle);
+                    }
+                }
+            })
+            .map(|thread| thread.join().is_ok());
+        if !matches!(removed, Ok(true)) {
+            tracing::warn!(container = %self.id, "removing the test container failed; the remover process removes it after exit");
         }
     }
 }
