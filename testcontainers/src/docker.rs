@@ -42,8 +42,9 @@ pub const NETWORK_ENV: &str = "PGTENANT_TESTKIT_DOCKER_NETWORK";
 pub const REQUIRE_DOCKER_ENV: &str = "PGTENANT_REQUIRE_DOCKER";
 
 /// The image used unless [`IMAGE_ENV`] or [`DockerOptions::with_image`] says otherwise: the
-/// official image's current major version, on Alpine (about 110 MB, a third of Debian's). A
-/// major tag rather than a minor one, so CI gets the security releases.
+/// official image's newest released major (18; 19 had only beta tags on Docker Hub in
+/// September 2026), on Alpine, the smaller variant. A major tag rather than a minor one, so
+/// CI gets the minor (security) releases.
 pub const DEFAULT_IMAGE: &str = "postgres:18-alpine";
 
 /// Every container the test kit starts carries this label; its value is the test binary's

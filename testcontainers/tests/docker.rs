@@ -79,10 +79,12 @@ async fn the_docker_source_serves_fresh_databases_from_one_real_container() {
         ),
         "docker"
     );
+    // The image's PGDATA (…/data, or …/18/docker in the official 18+ images), not a
+    // throwaway cluster's temporary directory.
     let data_directory = query_one_text(&a, "SELECT current_setting('data_directory')").await;
-    assert_eq!(
-        data_directory, "/var/lib/postgresql/data",
-        "the image's PGDATA"
+    assert!(
+        data_directory.starts_with("/var/lib/postgresql/"),
+        "{data_directory}"
     );
 
     // Tests talk to 127.0.0.1 only.
