@@ -16,12 +16,14 @@ tests=(-p pgtenant --test control_plane --test tenant_ids --test leases --test r
 cargo test -q "${tests[@]}" --no-run 2>/dev/null
 count=$(cargo test -q "${tests[@]}" -- --list 2>/dev/null | grep -c ': test$')
 
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 declare -A times
 for round in $(seq 1 "$rounds"); do
     for source in docker initdb; do
         start=$(date +%s%N)
-        PGTENANT_TESTKIT=$source cargo test -q "${tests[@]}" >/dev/null 2>&1 \
-            || { echo "round $round with $source failed; run it by hand to see why" >&2; exit 1; }
+        PGTENANT_TESTKIT=$source cargo test -q "${tests[@]}" >"$log" 2>&1 \
+            || { echo "round $round with $source failed:" >&2; grep -v '^\.*$' "$log" | tail -40 >&2; exit 1; }
         end=$(date +%s%N)
         times[$source]+="$(( (end - start) / 1000000 )) "
     done
