@@ -192,7 +192,8 @@ impl Cluster {
             source: Source::Initdb,
             admin: self.admin_config(),
             base_url: self.url("postgres"),
-            _cluster: Some(self),
+            container_id: None,
+            _keep: Some(self),
         }
     }
 
@@ -445,7 +446,7 @@ fn stop_child(mut child: Child, signal: libc::c_int) -> std::io::Result<ExitStat
     child.wait()
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // The guarded values stay consistent even if a holder panicked.
     mutex
         .lock()
@@ -469,7 +470,7 @@ fn read_log(path: &Path, offset: u64) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-fn free_port() -> Result<u16, TestkitError> {
+pub(crate) fn free_port() -> Result<u16, TestkitError> {
     // The kernel picks a free port; postgres binds it a moment later, and a
     // lost race shows up as a bind error, which is retried.
     let listener = TcpListener::bind(("127.0.0.1", 0))

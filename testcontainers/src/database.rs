@@ -27,8 +27,11 @@ pub(crate) struct Server {
     pub(crate) admin: Config,
     /// The admin URL; a test database's URL is this with its name swapped in.
     pub(crate) base_url: String,
-    /// Keeps an initdb cluster running while any database on it is alive.
-    pub(crate) _cluster: Option<Arc<Cluster>>,
+    /// The container's id, for the `docker` source.
+    pub(crate) container_id: Option<String>,
+    /// Keeps the server (an initdb cluster or a container) running while any
+    /// database on it is alive.
+    pub(crate) _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Server {
@@ -185,6 +188,12 @@ impl TestDatabase {
         config.user(&name).password(password.as_str());
         let url = replace_user(&self.url, &name, &password);
         Ok(TestRole { name, url, config })
+    }
+
+    /// The id of the Docker container the database lives in, for the `docker` source (and
+    /// `DockerPostgres`); `None` for the others.
+    pub fn container_id(&self) -> Option<&str> {
+        self.server.container_id.as_deref()
     }
 
     /// Connects without TLS; the connection runs on a spawned tokio task.
@@ -384,7 +393,8 @@ async fn url_server() -> Result<Server, String> {
         source: Source::Url,
         admin,
         base_url,
-        _cluster: None,
+        container_id: None,
+        _keep: None,
     })
 }
 
@@ -416,7 +426,8 @@ async fn local_server() -> Result<Server, String> {
         source: Source::Local,
         admin,
         base_url: format!("postgres://{auth}@127.0.0.1:5432/postgres"),
-        _cluster: None,
+        container_id: None,
+        _keep: None,
     })
 }
 

@@ -7,7 +7,8 @@ const INSTALL_HINT: &str = "To fix it, do one of: install the PostgreSQL server 
 (e.g. `apt-get install postgresql`, `dnf install postgresql-server`, `brew install postgresql`) \
 so that initdb and postgres are on this machine; or run a PostgreSQL server on 127.0.0.1:5432; \
 or set PGTENANT_TEST_DATABASE_URL to an admin URL of a server where databases may be created; \
-or build with the `docker` feature and run a Docker engine.";
+or run a Docker engine (e.g. `apt-get install docker.io`; the test kit's `docker` feature, \
+on by default, starts a PostgreSQL container on it).";
 
 /// Why a test database or cluster could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,22 @@ pub enum TestkitError {
     /// A cluster could not be made, started or stopped.
     #[error("{0}")]
     Cluster(String),
+
+    /// A Docker engine could not be reached, or a container could not be
+    /// started or removed.
+    #[error("{0}")]
+    Docker(String),
+
+    /// An environment variable of the test kit holds a value it does not take.
+    #[error("{name}={value:?} is not valid: expected {expected}")]
+    InvalidSetting {
+        /// The variable.
+        name: &'static str,
+        /// The value found.
+        value: String,
+        /// What it may be.
+        expected: &'static str,
+    },
 }
 
 fn list(tried: &[String]) -> String {

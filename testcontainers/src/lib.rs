@@ -9,8 +9,10 @@
 //!    admin URL on whose server databases are created.
 //! 2. [`Source::Local`]: a server on `127.0.0.1:5432` (user `PGUSER` or
 //!    `postgres`, password `PGPASSWORD` if set).
-//! 3. [`Source::Docker`]: with the `docker` cargo feature and a Docker engine
-//!    that answers, a `postgres` container that lives as long as the process.
+//! 3. [`Source::Docker`]: with the `docker` cargo feature (on by default) and
+//!    a Docker engine that answers, a PostgreSQL container started through
+//!    testcontainers that lives as long as the process ([`DockerOptions`]:
+//!    `PGTENANT_TESTKIT_IMAGE`, `PGTENANT_TESTKIT_DOCKER_NETWORK`).
 //! 4. [`Source::Initdb`]: a throwaway cluster in a temporary directory, made
 //!    with the machine's own `initdb`/`postgres` binaries.
 //!
@@ -58,6 +60,11 @@ use std::str::FromStr;
 
 pub use cluster::LocalCluster;
 pub use database::{TestDatabase, TestRole};
+#[cfg(feature = "docker")]
+pub use docker::{
+    docker_engine, skip_without_docker, DockerNetwork, DockerOptions, DockerPostgres,
+    CONTAINER_LABEL, DEFAULT_IMAGE, IMAGE_ENV, NETWORK_ENV, REQUIRE_DOCKER_ENV,
+};
 pub use error::TestkitError;
 
 /// The environment variable that forces one [`Source`].
