@@ -268,8 +268,20 @@ async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Te
         credentials.secret(),
     );
     let incarnation = credentials.incarnation.get();
-    let opened = control::call(
+    // Before the epoch moves away from a dead or expired owner, its incarnation is sealed and
+    // its data sessions terminated, in the same transaction (session fencing; a no-op for a
+    // free tenant or a live owner).
+    let terminate_ms = i64::from(crate::liveness::millis(crate::sessions::TERMINATE_TIMEOUT));
+    let seal: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&texts.0, Type::TEXT),
+        (&credentials.replica, Type::TEXT),
+        (&incarnation, Type::INT8),
+        (&texts.3, Type::TEXT),
+        (&terminate_ms, Type::INT8),
+    ];
+    let opened = control::call_after(
         &client,
+        (crate::sessions::SEAL_SQL, &seal),
         ACQUIRE_SQL,
         &acquire_params(&texts, &credentials, &incarnation, &false),
     )

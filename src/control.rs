@@ -34,3 +34,25 @@ pub(crate) async fn call(
     committed?;
     Ok(rows)
 }
+
+/// Like [`call`], with `before` (one statement whose rows are not needed) run first in the same
+/// transaction: the seal of a dead owner's incarnation before the acquisition that moves the
+/// epoch. Still one round trip.
+pub(crate) async fn call_after(
+    client: &Client,
+    before: (&str, &[(&(dyn ToSql + Sync), Type)]),
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let (begun, first, rows, committed) = tokio::join!(
+        client.batch_execute(BEGIN_CLEAN),
+        client.query_typed(before.0, before.1),
+        client.query_typed(sql, params),
+        client.batch_execute("COMMIT"),
+    );
+    begun?;
+    first?;
+    let rows = rows?;
+    committed?;
+    Ok(rows)
+}

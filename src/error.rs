@@ -352,6 +352,17 @@ pub enum Error {
         detail: String,
     },
 
+    /// Taking the tenant over needed its previous owner's data sessions terminated first
+    /// (session fencing), and one did not exit in time: nothing moved. Retryable.
+    #[error("tenant {tenant} was not taken over: {message}; retry shortly")]
+    #[non_exhaustive]
+    SealIncomplete {
+        /// The tenant.
+        tenant: TenantId,
+        /// The database's words.
+        message: String,
+    },
+
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
     #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
@@ -377,6 +388,7 @@ impl Error {
             | Error::ReplicaDown { .. }
             | Error::Draining { .. }
             | Error::ConnectionStuck { .. }
+            | Error::SealIncomplete { .. }
             | Error::OpenTimeout { .. } => true,
             _ => false,
         }
@@ -456,6 +468,7 @@ impl Error {
             | Error::ConnectTimeout { .. }
             | Error::ConnectionStuck { .. }
             | Error::ReplicaDown { .. }
+            | Error::SealIncomplete { .. }
             | Error::ExpiredLocally { .. } => ErrorKind::Unavailable,
             Error::ControlPlaneTooNew { .. }
             | Error::ControlPlaneOutdated { .. }

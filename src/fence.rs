@@ -34,6 +34,11 @@ const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
 const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
 /// The fences' parameter types, for the unnamed (uncached) form.
 const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
+/// Session fencing's one statement per transaction (the connection is bound): hygiene,
+/// search_path, the marker cursor; no row read, no lock.
+const ENTER_SQL: &str = "SELECT pgtenant.enter($1, $2)";
+/// Its parameter types, for the unnamed (uncached) form.
+const ENTER_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
 /// Ends a fenced transaction. If the work ended the fenced transaction itself, the marker
 /// cursor is gone, CLOSE fails and nothing the work did after that commits: one message, no
 /// extra round trip.
@@ -62,33 +67,83 @@ impl std::fmt::Debug for Tx<'_, '_> {
     }
 }
 
-/// The fence statement for this connection: prepared once per pooled connection (the server
-/// then neither parses nor plans it), or None to send it unnamed (behind a pooler that keeps
-/// no prepared statements).
-async fn fence_statement(
+/// How this transaction is fenced: the fence statement, or (session fencing) the bound
+/// connection's backend and the enter statement.
+enum Entry {
+    Fence(Option<Statement>),
+    Session { pid: i32, enter: Option<Statement> },
+}
+
+impl Entry {
+    fn backend(&self) -> Option<i32> {
+        match self {
+            Entry::Fence(_) => None,
+            Entry::Session { pid, .. } => Some(*pid),
+        }
+    }
+}
+
+/// Prepares this connection's entry: the fence, or the binding (once per connection and
+/// incarnation) and the enter statement. Statements are prepared once per pooled connection (the
+/// server then neither parses nor plans them), or sent unnamed behind a pooler that keeps no
+/// prepared statements.
+async fn entry(
     handle: &HandleInner,
     client: &deadpool_postgres::Object,
     read_only: bool,
-) -> Result<Option<Statement>> {
-    if !handle.router.options.statement_cache {
-        return Ok(None);
+) -> Result<Entry> {
+    let router = &handle.router;
+    let cached = router.options.statement_cache;
+    if router.session_fencing() {
+        let pid = crate::sessions::bound(
+            &router.bindings,
+            client,
+            &handle.credentials,
+            router.pool_size(),
+        )
+        .await?;
+        let enter = if cached {
+            Some(
+                client
+                    .prepare_cached(ENTER_SQL)
+                    .await
+                    .map_err(Error::db("prepare the entry statement"))?,
+            )
+        } else {
+            None
+        };
+        return Ok(Entry::Session { pid, enter });
+    }
+    if !cached {
+        return Ok(Entry::Fence(None));
     }
     let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
     client
         .prepare_cached(sql)
         .await
-        .map(Some)
+        .map(|statement| Entry::Fence(Some(statement)))
         .map_err(Error::db("prepare the fence"))
 }
 
-/// Sends the fence on `tx` and reads its reply.
+/// Sends the fence (or the entry statement) on `tx` and reads its reply.
 async fn fence(
     handle: &HandleInner,
     tx: &Transaction<'_>,
-    statement: Option<&Statement>,
+    entry: &Entry,
     read_only: bool,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let key = handle.id.key();
+    if let Entry::Session { enter, .. } = entry {
+        let params: [&(dyn ToSql + Sync); 2] = [&key, &handle.schema];
+        return match enter {
+            Some(statement) => tx.query(statement, &params).await.map(drop),
+            None => {
+                let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                    params.iter().copied().zip(ENTER_TYPES).collect();
+                tx.query_typed(ENTER_SQL, &typed).await.map(drop)
+            }
+        };
+    }
     let epoch = handle.epoch.get();
     let params: [&(dyn ToSql + Sync); 4] = [
         &key,
@@ -96,9 +151,9 @@ async fn fence(
         &handle.lock_key,
         &handle.router.idle_timeout_ms,
     ];
-    match statement {
-        Some(statement) => tx.query(statement, &params).await.map(drop),
-        None => {
+    match entry {
+        Entry::Fence(Some(statement)) => tx.query(statement, &params).await.map(drop),
+        _ => {
             let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
             let typed: Vec<(&(dyn ToSql + Sync), Type)> =
                 params.iter().copied().zip(FENCE_TYPES).collect();
@@ -171,8 +226,7 @@ where
     E: From<Error>,
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
-    handle.admit()?;
-    let _in_flight = InFlight::enter(handle);
+    let _in_flight = handle.begin_work()?;
     let mut object = handle
         .router
         .pool
@@ -198,13 +252,14 @@ where
     E: From<Error>,
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
-    let statement = fence_statement(handle, object, read_only).await?;
-    let _cancel = CancelOnForget::register(handle, object.cancel_token());
+    let entry = entry(handle, object, read_only).await?;
+    let _cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
+    handle.still_admitted()?;
     let tx = begin(handle, object, read_only, stuck).await?;
     // The fence goes on the wire first (join! polls in order) and its reply is consumed as it
     // arrives, concurrently with the work.
     let (fenced, outcome) = tokio::join!(
-        fence(handle, &tx, statement.as_ref(), read_only),
+        fence(handle, &tx, &entry, read_only),
         work(Tx {
             transaction: &tx,
             _borrows: PhantomData,
@@ -290,12 +345,12 @@ impl TenantConnection {
                 handle.router.options.stuck_timeout,
             ));
         };
-        handle.admit()?;
-        let in_flight = InFlight::enter(handle);
-        let statement = fence_statement(handle, object, read_only).await?;
-        let cancel = CancelOnForget::register(handle, object.cancel_token());
+        let in_flight = handle.begin_work()?;
+        let entry = entry(handle, object, read_only).await?;
+        let cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
+        handle.still_admitted()?;
         let tx = begin(handle, object, read_only, &self.stuck).await?;
-        fence(handle, &tx, statement.as_ref(), read_only)
+        fence(handle, &tx, &entry, read_only)
             .await
             .map_err(|error| handle.refused(error, "fence tenant work"))?;
         Ok(TenantTransaction {

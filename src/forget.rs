@@ -51,7 +51,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
                 let tokens: Vec<CancelToken> = handle
                     .lock_cancels()
                     .iter()
-                    .map(|(_, token)| token.clone())
+                    .map(|(_, token, _)| token.clone())
                     .collect();
                 for token in tokens {
                     let _ = router.options.connector.cancel(token).await;
@@ -158,8 +158,17 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         // The new life's name is derived for the epoch restore will bump to, which the
         // function checks; a taken name (a deliberate hash collision) moves to the next salt.
         let name = id.schema_name_salted(current + 1, salt);
-        let restored = control::call(
+        let terminate_ms = i64::from(crate::liveness::millis(crate::sessions::TERMINATE_TIMEOUT));
+        let seal: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
+            (&key, Type::TEXT),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&terminate_ms, Type::INT8),
+        ];
+        let restored = control::call_after(
             &client,
+            (crate::sessions::SEAL_SQL, &seal),
             "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4, $5)",
             &[
                 (&key, Type::TEXT),

@@ -35,12 +35,17 @@ pub(crate) struct HandleInner {
     pub(crate) migrated_from: Option<i64>,
     pub(crate) schema: String,
     state: AtomicU8,
+    /// Held while work is admitted (state checked, in-flight count raised) and while the state
+    /// changes: a voluntary end that moved the state and then found nothing in flight cannot
+    /// miss work admitted a moment before (session fencing has no fence to stop it later).
+    gate: Mutex<()>,
     in_flight: AtomicUsize,
     idle: Notify,
     /// Woken when the tenure ends (released, handed off, lost, forgotten).
     ended: Notify,
-    /// Cancel tokens of the transactions in flight, for `forget(ActiveWork::Cancel)`.
-    cancels: Mutex<Vec<(u64, CancelToken)>>,
+    /// Cancel tokens (and, under session fencing, backend pids) of the transactions in
+    /// flight: `forget(ActiveWork::Cancel)` cancels them, `abandon` terminates them.
+    cancels: Mutex<Vec<(u64, CancelToken, Option<i32>)>>,
     next_work: AtomicU64,
     pub(crate) router: Arc<Shared>,
 }
@@ -76,6 +81,7 @@ impl HandleInner {
             migrated_from: lease.migrated_from,
             schema: lease.schema,
             state: AtomicU8::new(HandleState::Serving.to_u8()),
+            gate: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             ended: Notify::new(),
@@ -98,17 +104,25 @@ impl HandleInner {
         self.in_flight.load(Ordering::Acquire)
     }
 
+    fn lock_gate(&self) -> MutexGuard<'_, ()> {
+        self.gate
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Moves `from` → `to`; false when the handle was not in `from`.
     pub(crate) fn transition(&self, from: HandleState, to: HandleState) -> bool {
-        let moved = self
-            .state
-            .compare_exchange(
-                from.to_u8(),
-                to.to_u8(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok();
+        let moved = {
+            let _gate = self.lock_gate();
+            self.state
+                .compare_exchange(
+                    from.to_u8(),
+                    to.to_u8(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        };
         if moved && to.is_ended() {
             self.ended.notify_waiters();
         }
@@ -168,28 +182,70 @@ impl HandleInner {
     /// Whether new work may start: the tenure is on, the incarnation current, and the local
     /// deadline not passed.
     pub(crate) fn admit(self: &Arc<Self>) -> Result<()> {
+        let refusal = {
+            let _gate = self.lock_gate();
+            self.admission()
+        };
+        refusal.map_err(|refusal| self.refuse(refusal))
+    }
+
+    /// Admits one unit of work and counts it in flight, atomically with respect to the state's
+    /// changes (see `gate`).
+    pub(crate) fn begin_work(self: &Arc<Self>) -> Result<InFlight> {
+        let refusal = {
+            let _gate = self.lock_gate();
+            match self.admission() {
+                Ok(()) => return Ok(InFlight::enter(self)),
+                Err(refusal) => refusal,
+            }
+        };
+        Err(self.refuse(refusal))
+    }
+
+    /// After work registered its backend (session fencing), whether an `abandon` ended the
+    /// tenure meanwhile: it terminates the backends it finds registered, so work registered
+    /// after it must stop here (the cancel registry's lock orders the two).
+    pub(crate) fn still_admitted(&self) -> Result<()> {
+        match self.state() {
+            HandleState::Serving | HandleState::Draining => Ok(()),
+            HandleState::Released => Err(self.lease_lost("released")),
+            HandleState::Lost => Err(self.lease_lost("lost")),
+            HandleState::Forgotten => Err(self.lease_lost("forgotten")),
+        }
+    }
+
+    fn admission(&self) -> std::result::Result<(), Refusal> {
         match self.state() {
             HandleState::Serving => {}
-            HandleState::Draining => {
-                return Err(Error::Draining {
-                    tenant: self.id.clone(),
-                })
-            }
-            HandleState::Released => return Err(self.lease_lost("released")),
-            HandleState::Lost => return Err(self.lease_lost("lost")),
-            HandleState::Forgotten => return Err(self.lease_lost("forgotten")),
+            HandleState::Draining => return Err(Refusal::Draining),
+            HandleState::Released => return Err(Refusal::Ended("released")),
+            HandleState::Lost => return Err(Refusal::Ended("lost")),
+            HandleState::Forgotten => return Err(Refusal::Ended("forgotten")),
         }
         if self.router.liveness.incarnation() != Some(self.credentials.incarnation) {
-            self.mark_lost("the replica lost its incarnation");
-            return Err(self.lease_lost("lost"));
+            return Err(Refusal::IncarnationGone);
         }
         if !self.router.liveness.within_deadline() {
-            return Err(Error::ExpiredLocally {
-                tenant: self.id.clone(),
-                epoch: self.epoch,
-            });
+            return Err(Refusal::Expired);
         }
         Ok(())
+    }
+
+    fn refuse(self: &Arc<Self>, refusal: Refusal) -> Error {
+        match refusal {
+            Refusal::Draining => Error::Draining {
+                tenant: self.id.clone(),
+            },
+            Refusal::Ended(reason) => self.lease_lost(reason),
+            Refusal::IncarnationGone => {
+                self.mark_lost("the replica lost its incarnation");
+                self.lease_lost("lost")
+            }
+            Refusal::Expired => Error::ExpiredLocally {
+                tenant: self.id.clone(),
+                epoch: self.epoch,
+            },
+        }
     }
 
     /// A refusal of this handle's epoch by the database ends the tenure.
@@ -216,11 +272,27 @@ impl HandleInner {
         error
     }
 
-    pub(crate) fn lock_cancels(&self) -> MutexGuard<'_, Vec<(u64, CancelToken)>> {
+    /// The backends of the work in flight, where known (session fencing).
+    pub(crate) fn backends_in_flight(&self) -> Vec<i32> {
+        self.lock_cancels()
+            .iter()
+            .filter_map(|(_, _, pid)| *pid)
+            .collect()
+    }
+
+    pub(crate) fn lock_cancels(&self) -> MutexGuard<'_, Vec<(u64, CancelToken, Option<i32>)>> {
         self.cancels
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Why work was not admitted.
+enum Refusal {
+    Draining,
+    Ended(&'static str),
+    IncarnationGone,
+    Expired,
 }
 
 /// Counts one unit of in-flight work; the count drops even when the work is cancelled.
@@ -229,7 +301,7 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    pub(crate) fn enter(handle: &Arc<HandleInner>) -> Self {
+    fn enter(handle: &Arc<HandleInner>) -> Self {
         handle.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             handle: handle.clone(),
@@ -252,9 +324,13 @@ pub(crate) struct CancelOnForget {
 }
 
 impl CancelOnForget {
-    pub(crate) fn register(handle: &Arc<HandleInner>, token: CancelToken) -> Self {
+    pub(crate) fn register(
+        handle: &Arc<HandleInner>,
+        token: CancelToken,
+        pid: Option<i32>,
+    ) -> Self {
         let work = handle.next_work.fetch_add(1, Ordering::Relaxed);
-        handle.lock_cancels().push((work, token));
+        handle.lock_cancels().push((work, token, pid));
         CancelOnForget {
             handle: handle.clone(),
             work,
@@ -265,7 +341,7 @@ impl CancelOnForget {
 impl Drop for CancelOnForget {
     fn drop(&mut self) {
         let work = self.work;
-        self.handle.lock_cancels().retain(|(w, _)| *w != work);
+        self.handle.lock_cancels().retain(|(w, _, _)| *w != work);
     }
 }
 

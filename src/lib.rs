@@ -69,6 +69,7 @@ mod options;
 mod release;
 mod replica;
 mod router;
+mod sessions;
 mod sqlstate;
 mod tenant_migrations;
 
@@ -80,7 +81,7 @@ pub use fence::{TenantConnection, TenantTransaction, Tx};
 pub use handle::{ActiveWork, BoxFuture, TenantHandle};
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
-pub use options::{HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
+pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
 pub use sqlstate::{FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN};
 pub use tenant_migrations::{MigrationOutcome, TenantMigration};

@@ -231,6 +231,24 @@ impl LeaseSession {
         self.credentials.incarnation
     }
 
+    /// Declares that this incarnation uses session fencing, before it serves anything: only
+    /// then may its data sessions bind, and takeovers of its tenants seal it first.
+    pub(crate) async fn declare_session_fencing(&self) -> Result<()> {
+        let credentials = &self.credentials;
+        self.client
+            .query_typed(
+                "SELECT pgtenant.declare_session_fencing($1, $2, $3)",
+                &[
+                    (&credentials.replica, Type::TEXT),
+                    (&credentials.incarnation.get(), Type::INT8),
+                    (&credentials.secret(), Type::TEXT),
+                ],
+            )
+            .await
+            .map(drop)
+            .map_err(Error::db("declare session fencing"))
+    }
+
     /// Ends the incarnation (`pgtenant.deregister`: marked released so no one waits for its
     /// expiry, every lease it still holds released) and frees the liveness lock before
     /// returning (a dropped connection frees it too, but only once the server has processed
@@ -327,69 +345,75 @@ async fn register(
 }
 
 /// Refuses a lease session that does not own its backend. Behind a transaction- or
-/// statement-mode pooler, a session's backend goes back to the pool after every statement. So
-/// while a second client holds a transaction, the lease session must keep its own backend and
-/// that client must never be handed it; a direct connection (or session-mode pooling) passes
-/// every round, since every session has a backend of its own. One round is not enough: a pooler
-/// may add a server connection to its idle list at any moment (PgBouncer launches them
-/// asynchronously), which hides the lease session's backend from the probe once; in the next
-/// round the lease session itself lands on that other server. Each round shows the pooling with
-/// every idle-list order (LIFO or round robin) unless other clients race for the same pool.
+/// statement-mode pooler, a session's backend goes back to the pool after every statement; a
+/// direct connection (or session-mode pooling) has a backend of its own.
 async fn probe_for_pooler(
     lease: &Client,
     config: &tokio_postgres::Config,
     connector: &Connector,
 ) -> Result<()> {
-    const ROUNDS: usize = 3;
     const CONTEXT: &str = "probe the lease session for a pooler";
+    let (mut probe, messages) = connector.connect(config.clone(), CONTEXT).await?;
+    let driver = tokio::spawn(crate::connect::drive(messages));
+    let verdict = owns_its_backend(lease, &mut probe, CONTEXT).await;
+    drop(probe);
+    let _ = driver.await;
+    match verdict? {
+        None => Ok(()),
+        Some(detail) => Err(Error::NotASession(format!(
+            "{detail}: a transaction-mode pooler is in front; connect the lease session directly \
+             or through session pooling"
+        ))),
+    }
+}
+
+/// Whether `session` keeps one backend of its own (a direct connection or session pooling):
+/// None when it does, else what showed the pooling. While `other` holds a transaction,
+/// `session` must stay on its backend and `other` must never be handed it. One round is not
+/// enough: a pooler may add a server connection to its idle list at any moment (PgBouncer
+/// launches them asynchronously), which hides the session's backend from the probe once; in the
+/// next round the session itself lands on that other server. Each round shows the pooling with
+/// every idle-list order (LIFO or round robin) unless other clients race for the same pool.
+pub(crate) async fn owns_its_backend(
+    session: &Client,
+    other: &mut Client,
+    context: &'static str,
+) -> Result<Option<String>> {
+    const ROUNDS: usize = 3;
     // Unnamed statements: a named one could be prepared on one server and executed on another.
-    async fn backend_of(client: &impl GenericClient) -> Result<i32> {
+    async fn backend_of(client: &impl GenericClient, context: &'static str) -> Result<i32> {
         client
             .query_typed_one("SELECT pg_backend_pid()", &[])
             .await
             .and_then(|row| row.try_get(0))
-            .map_err(Error::db(CONTEXT))
+            .map_err(Error::db(context))
     }
-    let pooled = |detail: String| {
-        Error::NotASession(format!(
-            "{detail}: a transaction-mode pooler is in front; connect the lease session directly \
-             or through session pooling"
+    let pid = backend_of(session, context).await?;
+    let moved = |now: i32| {
+        Some(format!(
+            "its statements ran on two backends (pids {pid} and {now})"
         ))
     };
-    let lease_pid = backend_of(lease).await?;
-    let moved = |pid: i32| {
-        pooled(format!(
-            "the lease session's statements ran on two backends (pids {lease_pid} and {pid})"
-        ))
-    };
-    let (mut probe, messages) = connector.connect(config.clone(), CONTEXT).await?;
-    let driver = tokio::spawn(crate::connect::drive(messages));
-    let verdict = async {
-        for _ in 0..ROUNDS {
-            let now = backend_of(lease).await?;
-            if now != lease_pid {
-                return Err(moved(now));
-            }
-            let tx = probe.transaction().await.map_err(Error::db(CONTEXT))?;
-            if backend_of(&tx).await? == lease_pid {
-                return Err(pooled(format!(
-                    "another client was given the lease session's backend (pid {lease_pid})"
-                )));
-            }
-            // The probe's transaction pins its backend, so a pooler must find the lease
-            // session another one — or its own, which it can only do without pooling.
-            let during = backend_of(lease).await?;
-            tx.rollback().await.map_err(Error::db(CONTEXT))?;
-            if during != lease_pid {
-                return Err(moved(during));
-            }
+    for _ in 0..ROUNDS {
+        let now = backend_of(session, context).await?;
+        if now != pid {
+            return Ok(moved(now));
         }
-        Ok(())
+        let tx = other.transaction().await.map_err(Error::db(context))?;
+        if backend_of(&tx, context).await? == pid {
+            return Ok(Some(format!(
+                "another client was given its backend (pid {pid})"
+            )));
+        }
+        // The other transaction pins its backend, so a pooler must find the session another
+        // one — or its own, which it can only do without pooling.
+        let during = backend_of(session, context).await?;
+        tx.rollback().await.map_err(Error::db(context))?;
+        if during != pid {
+            return Ok(moved(during));
+        }
     }
-    .await;
-    drop(probe);
-    let _ = driver.await;
-    verdict
+    Ok(None)
 }
 
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.
@@ -491,7 +515,14 @@ pub(crate) async fn maintain(
             if *shutdown.borrow() {
                 return;
             }
-            match LeaseSession::open(&shared.options, shared.notices.clone()).await {
+            let opened = match LeaseSession::open(&shared.options, shared.notices.clone()).await {
+                Ok(session) if shared.session_fencing() => session
+                    .declare_session_fencing()
+                    .await
+                    .map(|()| session),
+                opened => opened,
+            };
+            match opened {
                 Ok(session) => break session,
                 Err(error) => {
                     warn!(%error, retry_in = ?delay, "re-registration failed");

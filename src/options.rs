@@ -41,6 +41,7 @@ pub struct RouterOptions {
     pub(crate) migrations: std::sync::Arc<Vec<refinery::Migration>>,
     pub(crate) statement_cache: bool,
     pub(crate) read_only_data_sessions: bool,
+    pub(crate) fencing: Fencing,
     pub(crate) stuck_timeout: Duration,
     pub(crate) connector: Connector,
     pub(crate) connect_timeout: Option<Duration>,
@@ -57,6 +58,28 @@ pub enum HandoffPolicy {
     Accept,
     /// Keep it; the requester's wait times out.
     Refuse,
+}
+
+/// How fenced transactions are fenced (DESIGN §5 "Data sessions and session fencing").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Fencing {
+    /// Session fencing where it can hold, transaction fencing otherwise (the default): at
+    /// start the router checks that its data sessions are real sessions (no transaction-mode
+    /// pooler) and that the control plane's owner may terminate them; when either fails it falls
+    /// back to transaction fencing, logs why and shows it in [`Summary`](crate::Summary).
+    #[default]
+    Auto,
+    /// Session fencing, or refuse to start ([`Error::InvalidOption`]) saying which condition
+    /// fails. Each data connection is bound to the replica's incarnation once; a takeover
+    /// seals a dead or expired incarnation and terminates its connections before the epoch
+    /// moves; a transaction is `BEGIN; SELECT pgtenant.enter(…); work; COMMIT`, what a
+    /// schema-per-tenant application sends anyway.
+    Session,
+    /// The epoch checked inside every transaction (`pgtenant.fence`): works everywhere,
+    /// including behind transaction-mode poolers, at one statement per transaction.
+    Transaction,
 }
 
 impl std::fmt::Debug for RouterOptions {
@@ -125,6 +148,7 @@ impl RouterOptions {
             migrations: std::sync::Arc::new(Vec::new()),
             statement_cache: true,
             read_only_data_sessions: true,
+            fencing: Fencing::Auto,
             stuck_timeout: Duration::from_secs(30),
             connector: Connector::default(),
             connect_timeout: None,
@@ -336,6 +360,14 @@ impl RouterOptions {
     /// still reports it as an error.
     pub fn read_only_data_sessions(mut self, enabled: bool) -> Self {
         self.read_only_data_sessions = enabled;
+        self
+    }
+
+    /// How fenced transactions are fenced (default [`Fencing::Auto`]: session fencing where it
+    /// can hold).
+    #[must_use]
+    pub fn fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
         self
     }
 

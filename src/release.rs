@@ -238,6 +238,20 @@ pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
     {
         return Ok(());
     }
+    let router = &handle.router;
+    if router.session_fencing() {
+        // No fence stops that work once the lease is released: it ends first (its transaction
+        // rolls back). Work not yet on a backend finds the handle released and stops.
+        let backends = handle.backends_in_flight();
+        if let Err(error) =
+            crate::sessions::terminate_work(&router.pool, &handle.credentials, &backends).await
+        {
+            // The lease stays held (and expires with the replica if it comes to that) rather
+            // than be released under work that may still commit.
+            router.detach(handle);
+            return Err(error);
+        }
+    }
     give_back(handle, Journal::Released, None).await
 }
 

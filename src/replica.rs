@@ -42,6 +42,11 @@ pub(crate) struct Shared {
     pub(crate) closed: AtomicBool,
     /// Why the last re-registration failed, while the replica is not registered.
     pub(crate) registration: Mutex<Option<RegistrationFailure>>,
+    /// The fencing in force, and why session fencing could not hold when it fell back.
+    pub(crate) fencing: crate::sessions::Mode,
+    pub(crate) fencing_fallback: Option<String>,
+    /// Session fencing: which pooled connections are bound to which incarnation.
+    pub(crate) bindings: crate::sessions::Bindings,
 }
 
 pub(crate) struct RegistrationFailure {
@@ -63,6 +68,7 @@ impl Shared {
         options: RouterOptions,
         pool: Pool,
         notices: broadcast::Sender<Notice>,
+        (fencing, fencing_fallback): (crate::sessions::Mode, Option<String>),
     ) -> Shared {
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         Shared {
@@ -79,6 +85,9 @@ impl Shared {
             acquired: Notify::new(),
             closed: AtomicBool::new(false),
             registration: Mutex::new(None),
+            fencing,
+            fencing_fallback,
+            bindings: crate::sessions::Bindings::default(),
         }
     }
 
@@ -115,6 +124,15 @@ impl Shared {
             handles.remove(&handle.id);
             crate::metrics::leases_held(handles.len());
         }
+    }
+
+    pub(crate) fn session_fencing(&self) -> bool {
+        self.fencing == crate::sessions::Mode::Session
+    }
+
+    /// The pool's size, for bookkeeping sized by it.
+    pub(crate) fn pool_size(&self) -> usize {
+        self.pool.status().max_size
     }
 
     pub(crate) fn is_closed(&self) -> bool {

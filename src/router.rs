@@ -17,7 +17,7 @@ use crate::handle::{HandleInner, TenantHandle};
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState, Incarnation, TenantState};
 use crate::liveness::{begin_incarnation, maintain, LeaseSession};
-use crate::options::RouterOptions;
+use crate::options::{Fencing, RouterOptions};
 use crate::replica::{join_all, lock, pool_error, Shared, EVENT_BUFFER};
 use crate::tenant_migrations::TenantMigration;
 
@@ -141,6 +141,10 @@ pub struct Summary {
     pub closed: bool,
     /// While not registered: why the last attempt to register again failed.
     pub registration_error: Option<String>,
+    /// The fencing in force: [`Fencing::Session`] or [`Fencing::Transaction`].
+    pub fencing: Fencing,
+    /// Why session fencing could not hold, when [`Fencing::Auto`] fell back.
+    pub fencing_fallback: Option<String>,
 }
 
 impl Router {
@@ -166,7 +170,12 @@ impl Router {
         };
         let (notices, _) = broadcast::channel(EVENT_BUFFER);
         let session = LeaseSession::open(&options, notices.clone()).await?;
-        let shared = Arc::new(Shared::new(options, pool, notices));
+        // After the lease session: it checked that the control plane is this library's.
+        let fencing = crate::sessions::decide(&options, &pool).await?;
+        if fencing.0 == crate::sessions::Mode::Session {
+            session.declare_session_fencing().await?;
+        }
+        let shared = Arc::new(Shared::new(options, pool, notices, fencing));
         begin_incarnation(&shared, &session);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("pgtenant.heartbeat", replica = %shared.options.replica_id);
@@ -375,6 +384,12 @@ impl Router {
             registration_error: lock(&shared.registration)
                 .as_ref()
                 .map(|failure| failure.message.clone()),
+            fencing: if shared.session_fencing() {
+                Fencing::Session
+            } else {
+                Fencing::Transaction
+            },
+            fencing_fallback: shared.fencing_fallback.clone(),
         }
     }
 

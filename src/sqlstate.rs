@@ -27,6 +27,11 @@ pub(crate) const NOT_A_SESSION: &str = "PTS01";
 pub(crate) const RESTORE_REFUSED: &str = "PTR01";
 /// `release`: a reservation names a replica that is not registered and alive.
 pub(crate) const NO_SUCH_REPLICA: &str = "PTH01";
+/// `seal_owner`, `terminate_work`: a backend did not exit within the timeout (retryable:
+/// nothing moved).
+pub(crate) const SEAL_INCOMPLETE: &str = "PTE01";
+/// `bind`: the incarnation is sealed or no longer alive.
+pub(crate) const SEALED: &str = "PTE02";
 /// A schema name is taken (`CREATE SCHEMA`, `ALTER SCHEMA … RENAME`).
 pub(crate) const DUPLICATE_SCHEMA: &str = "42P06";
 /// `CLOSE` of a cursor that does not exist: the fenced transaction's marker is gone.
@@ -119,6 +124,10 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
             db.message(),
             db.hint().unwrap_or_default()
         ))),
+        (SEAL_INCOMPLETE, Some(tenant)) => Some(Error::SealIncomplete {
+            tenant,
+            message: db.message().to_owned(),
+        }),
         (RESTORE_REFUSED, Some(tenant)) => Some(Error::RestoreRefused {
             tenant,
             reason: db.message().to_owned(),

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use pgtenant::{Error, Event, Router};
+use pgtenant::{Error, Event, Fencing, Router};
 use support::{append, create_log, database, options, router, tenant};
 
 #[tokio::test]
@@ -289,10 +289,18 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
 #[tokio::test]
 async fn a_stale_epoch_is_refused_by_the_database_itself() {
     let (db, client) = database().await;
-    let old = Router::start(options(db.url(), "stale-old").pool_size(1))
+    // The in-database fence of every transaction (session fencing's counterpart, which
+    // terminates the stale owner's sessions instead, is in tests/session_fencing.rs).
+    let old = Router::start(
+        options(db.url(), "stale-old")
+            .pool_size(1)
+            .fencing(Fencing::Transaction),
+    )
+    .await
+    .unwrap();
+    let new = Router::start(options(db.url(), "stale-new").fencing(Fencing::Transaction))
         .await
         .unwrap();
-    let new = router(db.url(), "stale-new").await;
     let id = tenant("stale");
     let handle = old.open_or_create(&id).await.unwrap();
     create_log(&handle).await;
@@ -359,8 +367,13 @@ async fn acquire_after_expiry(router: &Router, id: &pgtenant::TenantId) -> pgten
 #[tokio::test]
 async fn an_owners_in_flight_commit_lands_before_the_contenders_epoch() {
     let (db, _client) = database().await;
-    let owner = router(db.url(), "inflight-owner").await;
-    let contender = router(db.url(), "inflight-contender").await;
+    // Under transaction fencing the contender's acquisition waits for the work in flight
+    // (under session fencing, abandon terminates it: tests/session_fencing.rs).
+    let transaction = |replica| options(db.url(), replica).fencing(Fencing::Transaction);
+    let owner = Router::start(transaction("inflight-owner")).await.unwrap();
+    let contender = Router::start(transaction("inflight-contender"))
+        .await
+        .unwrap();
     let id = tenant("inflight");
     let handle = owner.open_or_create(&id).await.unwrap();
     create_log(&handle).await;

@@ -297,10 +297,18 @@ async fn migrate_all_over_1000_tenants_reports_each() {
 #[tokio::test]
 async fn forget_masks_the_epoch_moves_the_schema_to_trash_and_a_new_life_sees_nothing() {
     let (db, client) = database().await;
-    let a = Router::start(options(db.url(), "forget-a").pool_size(1))
+    // The in-database fence refusing a forgotten epoch (under session fencing the zombie's
+    // sessions are terminated by the takeover instead: tests/session_fencing.rs).
+    let a = Router::start(
+        options(db.url(), "forget-a")
+            .pool_size(1)
+            .fencing(pgtenant::Fencing::Transaction),
+    )
+    .await
+    .unwrap();
+    let b = Router::start(options(db.url(), "forget-b").fencing(pgtenant::Fencing::Transaction))
         .await
         .unwrap();
-    let b = support::router(db.url(), "forget-b").await;
     let id = tenant("forgotten");
     let zombie = a.open_or_create(&id).await.unwrap();
     support::create_log(&zombie).await;

@@ -238,8 +238,10 @@ async fn status_points_an_outdated_control_plane_to_setup() {
     let status = pgtenant(&["status", "--database-url", url]);
     assert!(status.status.success(), "{}", text(&status));
     assert!(
-        text(&status).contains("control plane version 1: this pgtenant needs 3")
-            && text(&status).contains("pgtenant setup"),
+        text(&status).contains(&format!(
+            "control plane version 1: this pgtenant needs {}",
+            pgtenant::admin::supported_version()
+        )) && text(&status).contains("pgtenant setup"),
         "{}",
         text(&status)
     );

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
 
-use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
+use pgtenant::{Fencing, Router, RouterOptions, TenantHandle, TenantId};
 use pgtenant_testkit::TestDatabase;
 use tokio::sync::{mpsc, oneshot};
 
@@ -21,7 +21,7 @@ pub async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-const CONTROL_PLANE: [(&str, &str); 3] = [
+pub const CONTROL_PLANE: [(&str, &str); 4] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -34,7 +34,19 @@ const CONTROL_PLANE: [(&str, &str); 3] = [
         "V3__least_privilege_and_hygiene",
         include_str!("../../migrations/V3__least_privilege_and_hygiene.sql"),
     ),
+    (
+        "V5__session_fencing",
+        include_str!("../../migrations/V5__session_fencing.sql"),
+    ),
 ];
+
+/// The names of the control-plane migrations from index `from` on, as setup reports them.
+pub fn migration_names(from: usize) -> Vec<String> {
+    CONTROL_PLANE[from..]
+        .iter()
+        .map(|(name, _)| (*name).to_owned())
+        .collect()
+}
 
 /// Sets up the control plane exactly as the release whose newest migration is `version` did:
 /// the same files, applied by refinery, so the next `pgtenant::setup` sees a real old database.
@@ -52,6 +64,17 @@ pub async fn control_plane_at(client: &mut tokio_postgres::Client, version: usiz
     runner.run_async(client).await.expect("old control plane");
 }
 
+/// The fencing the tests' routers use: `PGTENANT_TEST_FENCING=session|transaction` (inherited by
+/// replica child processes), else the default, which is session fencing on a direct server.
+/// `.ci/run` runs the lease and takeover tests once more with `transaction`.
+pub fn fencing() -> Fencing {
+    match std::env::var("PGTENANT_TEST_FENCING").as_deref() {
+        Ok("session") => Fencing::Session,
+        Ok("transaction") => Fencing::Transaction,
+        _ => Fencing::Auto,
+    }
+}
+
 pub fn options(url: &str, replica: &str) -> RouterOptions {
     RouterOptions::from_url(replica, url)
         .expect("url")
@@ -60,6 +83,7 @@ pub fn options(url: &str, replica: &str) -> RouterOptions {
         .heartbeat_period(Duration::from_millis(300))
         .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
         .pool_size(8)
+        .fencing(fencing())
 }
 
 pub async fn router(url: &str, replica: &str) -> Router {

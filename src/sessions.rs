@@ -1,0 +1,216 @@
+//! Session fencing (DESIGN §5 "Data sessions and session fencing"): the check moves from every
+//! transaction to every connection.
+//!
+//! * Whether it can hold is decided at start ([`decide`]): the data sessions must be real
+//!   sessions (no transaction-mode pooler in front: the same probe as the lease session's) and
+//!   the control plane's owner must be allowed to terminate them.
+//! * Each pooled connection is bound once to the replica's current incarnation ([`bound`]),
+//!   before its first tenant transaction (`pgtenant.bind`).
+//! * An acquisition seals the dead or expired owner incarnation and terminates its backends in
+//!   the acquiring transaction, before the epoch moves ([`SEAL_SQL`], `pgtenant.seal_owner`).
+//! * A voluntary end terminates the backends of this replica's own work still in flight before
+//!   its release commits ([`terminate_work`]); deregistration seals the replica's own
+//!   incarnation.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use deadpool_postgres::ObjectId;
+use deadpool_postgres::{Object, Pool, StatementCache};
+use tokio_postgres::types::Type;
+
+use crate::control;
+use crate::error::{Error, Result};
+use crate::lease::Incarnation;
+use crate::liveness::{millis, Credentials};
+use crate::options::{Fencing, RouterOptions};
+use crate::replica::{lock, pool_error};
+use crate::sqlstate;
+
+/// Seals the tenant's dead or expired owner incarnation and terminates its data sessions, in the
+/// acquiring transaction, right before `pgtenant.acquire` moves the epoch: (key, replica,
+/// incarnation, secret, timeout ms).
+pub(crate) const SEAL_SQL: &str = "SELECT pgtenant.seal_owner($1, $2, $3, $4, $5)";
+
+/// How long a seal waits for each terminated backend to exit: a backend that does not exit in
+/// time fails the acquisition (retryably) rather than let the epoch move under it.
+pub(crate) const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The fencing in force for this router, after the start-up checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Session,
+    Transaction,
+}
+
+/// Decides the fencing: `options.fencing` if it can hold, or why not (refused for an explicit
+/// `Session`, a logged fallback for `Auto`). The fallback's reason is returned for
+/// [`Summary`](crate::Summary).
+pub(crate) async fn decide(options: &RouterOptions, pool: &Pool) -> Result<(Mode, Option<String>)> {
+    if options.fencing == Fencing::Transaction {
+        return Ok((Mode::Transaction, None));
+    }
+    // pgtenant's own pool connects like the lease session, whose probe found no pooler; a pool
+    // the application built may go elsewhere.
+    let blocker = blocker(pool, options.pool.is_some()).await?;
+    match (options.fencing, blocker) {
+        (_, None) => Ok((Mode::Session, None)),
+        (Fencing::Session, Some(reason)) => Err(Error::InvalidOption {
+            option: "fencing",
+            reason: format!(
+                "session fencing cannot hold: {reason}; use Fencing::Auto or Fencing::Transaction"
+            ),
+        }),
+        (_, Some(reason)) => {
+            tracing::warn!(%reason, "session fencing cannot hold: transaction fencing instead");
+            Ok((Mode::Transaction, Some(reason)))
+        }
+    }
+}
+
+/// Why session fencing cannot hold on this pool's connections, if it cannot.
+async fn blocker(pool: &Pool, probe: bool) -> Result<Option<String>> {
+    const CONTEXT: &str = "check the data path for session fencing";
+    let first = pool.get().await.map_err(pool_error(CONTEXT))?;
+    if probe {
+        // The probe needs a second connection while the first is held.
+        let timeouts = deadpool_postgres::Timeouts {
+            wait: Some(Duration::from_secs(1)),
+            ..pool.timeouts()
+        };
+        let Ok(mut second) = pool.timeout_get(&timeouts).await else {
+            return Ok(Some(
+                "the application's pool gave no second connection to check that its sessions are \
+                 real sessions (no transaction-mode pooler): give it at least two"
+                    .to_owned(),
+            ));
+        };
+        let pooled = crate::liveness::owns_its_backend(&first, &mut second, CONTEXT).await?;
+        if let Some(pooled) = pooled {
+            return Ok(Some(format!(
+                "the data-path connections do not keep their backend ({pooled}): a \
+                 transaction-mode pooler is in front"
+            )));
+        }
+    }
+    let row = first
+        .query_typed_one("SELECT pgtenant.can_terminate_sessions()", &[])
+        .await
+        .map_err(Error::db(CONTEXT))?;
+    row.try_get::<_, Option<String>>(0)
+        .map_err(Error::db(CONTEXT))
+}
+
+/// One pooled connection's binding: its statement cache identifies the live connection (the
+/// cache dies with it), the incarnation it is bound to, its backend.
+struct Binding {
+    connection: Weak<StatementCache>,
+    incarnation: Incarnation,
+    pid: i32,
+}
+
+/// The bindings of this router's pooled connections, by pool object.
+#[derive(Default)]
+pub(crate) struct Bindings {
+    bound: Mutex<HashMap<ObjectId, Binding>>,
+}
+
+impl Bindings {
+    /// The backend pid of `object` if it is bound to `incarnation`.
+    fn get(&self, object: &Object, incarnation: Incarnation) -> Option<i32> {
+        let bound = lock(&self.bound);
+        let binding = bound.get(&Object::id(object))?;
+        let alive = binding
+            .connection
+            .upgrade()
+            .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache));
+        (alive && binding.incarnation == incarnation).then_some(binding.pid)
+    }
+
+    fn insert(&self, object: &Object, incarnation: Incarnation, pid: i32, pool_size: usize) {
+        let mut bound = lock(&self.bound);
+        // Connections come and go with the pool; forget those that went, now and then.
+        if bound.len() > 2 * pool_size.max(8) {
+            bound.retain(|_, binding| binding.connection.strong_count() > 0);
+        }
+        bound.insert(
+            Object::id(object),
+            Binding {
+                connection: Arc::downgrade(&object.statement_cache),
+                incarnation,
+                pid,
+            },
+        );
+    }
+}
+
+/// Binds `object` to the credentials' incarnation unless it is already: one round trip on a
+/// connection's first tenant transaction (and after a re-registration), none after. Returns
+/// the connection's backend pid.
+pub(crate) async fn bound(
+    bindings: &Bindings,
+    object: &Object,
+    credentials: &Credentials,
+    pool_size: usize,
+) -> Result<i32> {
+    if let Some(pid) = bindings.get(object, credentials.incarnation) {
+        return Ok(pid);
+    }
+    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
+    let pid: i32 = control::call(
+        object,
+        "SELECT pgtenant.bind($1, $2, $3)",
+        &[
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+        ],
+    )
+    .await
+    .and_then(|rows| match rows.first() {
+        Some(row) => row.try_get(0),
+        None => Ok(0),
+    })
+        .map_err(|error| match sqlstate::of(&error) {
+            Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => Error::ReplicaDown {
+                replica_id: credentials.replica.clone(),
+            },
+            _ => Error::db("bind a data session")(error),
+        })?;
+    bindings.insert(object, credentials.incarnation, pid, pool_size);
+    Ok(pid)
+}
+
+/// Terminates the backends of this replica's own work still in flight (their transactions roll
+/// back), waiting for each to exit: before a voluntary end's release commits under session
+/// fencing, since no fence stops that work afterwards.
+pub(crate) async fn terminate_work(
+    pool: &Pool,
+    credentials: &Credentials,
+    pids: &[i32],
+) -> Result<()> {
+    if pids.is_empty() {
+        return Ok(());
+    }
+    let client = pool
+        .get()
+        .await
+        .map_err(pool_error("terminate work in flight"))?;
+    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
+    let timeout = i64::from(millis(TERMINATE_TIMEOUT));
+    control::call(
+        &client,
+        "SELECT pgtenant.terminate_work($1, $2, $3, $4, $5)",
+        &[
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&pids, Type::INT4_ARRAY),
+            (&timeout, Type::INT8),
+        ],
+    )
+    .await
+    .map(drop)
+    .map_err(Error::db("terminate work in flight"))
+}
