@@ -192,6 +192,27 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
             )
             .await
             .map_err(Error::db("grant the application and operator roles"))?;
+        if let Some(app) = &roles.app_role {
+            // A GRANT its grantor may not give is only a warning: check it took effect.
+            let can_create: bool = transaction
+                .query_one(
+                    "SELECT has_database_privilege($1::text, current_database(), 'CREATE')",
+                    &[app],
+                )
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(Error::db("check the application role's grants"))?;
+            if !can_create {
+                return Err(Error::InvalidOption {
+                    option: "app_role",
+                    reason: format!(
+                        "{app} needs CREATE on this database for its tenant schemas, and the role running \
+                         setup may not grant it: have a superuser run `GRANT CREATE ON DATABASE <db> TO {app}` \
+                         (or give the setup role that privilege WITH GRANT OPTION); nothing was changed"
+                    ),
+                });
+            }
+        }
     }
     transaction
         .commit()

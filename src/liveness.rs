@@ -516,10 +516,9 @@ pub(crate) async fn maintain(
                 return;
             }
             let opened = match LeaseSession::open(&shared.options, shared.notices.clone()).await {
-                Ok(session) if shared.session_fencing() => session
-                    .declare_session_fencing()
-                    .await
-                    .map(|()| session),
+                Ok(session) if shared.session_fencing() => {
+                    session.declare_session_fencing().await.map(|()| session)
+                }
                 opened => opened,
             };
             match opened {

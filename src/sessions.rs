@@ -172,12 +172,12 @@ pub(crate) async fn bound(
         Some(row) => row.try_get(0),
         None => Ok(0),
     })
-        .map_err(|error| match sqlstate::of(&error) {
-            Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => Error::ReplicaDown {
-                replica_id: credentials.replica.clone(),
-            },
-            _ => Error::db("bind a data session")(error),
-        })?;
+    .map_err(|error| match sqlstate::of(&error) {
+        Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => Error::ReplicaDown {
+            replica_id: credentials.replica.clone(),
+        },
+        _ => Error::db("bind a data session")(error),
+    })?;
     bindings.insert(object, credentials.incarnation, pid, pool_size);
     Ok(pid)
 }

@@ -373,3 +373,39 @@ async fn a_v2_control_plane_is_upgraded_under_a_running_replica_of_the_previous_
     );
     router.close().await;
 }
+
+/// A role that runs setup but may not grant CREATE on the database to the application's role
+/// gets a refusal saying what to do, and nothing changes (a GRANT without the grant option is
+/// only a warning in PostgreSQL).
+#[tokio::test]
+async fn setup_refuses_grants_it_cannot_give_before_changing_anything() {
+    let db = TestDatabase::create().await.expect("test database");
+    let admin = db.connect().await.expect("connect");
+    let owner = db.create_role("owner").await.unwrap();
+    let app = db.create_role("app").await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "GRANT CREATE ON DATABASE \"{}\" TO {owner}; GRANT {app} TO {owner};",
+            db.name(),
+            owner = owner.name(),
+            app = app.name()
+        ))
+        .await
+        .unwrap();
+    let mut as_owner = owner.connect().await.unwrap();
+    let error =
+        pgtenant::admin::setup_with(&mut as_owner, &SetupOptions::default().app_role(app.name()))
+            .await
+            .expect_err("cannot grant CREATE");
+    assert!(
+        matches!(&error, Error::InvalidOption { option: "app_role", reason, .. } if reason.contains("GRANT CREATE ON DATABASE")),
+        "{error}"
+    );
+    assert_eq!(
+        pgtenant::admin::control_plane_version(&admin)
+            .await
+            .unwrap(),
+        0,
+        "nothing was changed"
+    );
+}

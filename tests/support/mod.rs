@@ -343,6 +343,22 @@ pub fn child_main() {
                     }
                     None => "error NotOpen".to_owned(),
                 },
+                // Writes `count` rows at once, so the pool binds that many connections.
+                ["spread", ledger, first, count] => match handles.get(*ledger) {
+                    Some(handle) => {
+                        let (first, count): (i64, i64) =
+                            (first.parse().expect("first"), count.parse().expect("count"));
+                        let writes = (first..first + count)
+                            .map(|seq| append(handle, &replica, seq))
+                            .collect();
+                        let failed = join_all(writes).await.into_iter().find_map(Result::err);
+                        match failed {
+                            None => format!("ok {count}"),
+                            Some(e) => describe(&e),
+                        }
+                    }
+                    None => "error NotOpen".to_owned(),
+                },
                 _ => format!("error BadCommand {line}"),
             };
             say(&reply);

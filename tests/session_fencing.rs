@@ -1,0 +1,344 @@
+//! Session fencing (DESIGN §5 "Data sessions and session fencing"): connections bound to an
+//! incarnation, sealed and terminated before an epoch moves away from it; a replica's own work
+//! in flight terminated before a voluntary end releases; the start-up checks and the fallback.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use pgtenant::{Error, Fencing, Router, TenantHandle, TenantId};
+use pgtenant_testkit::TestDatabase;
+use support::{append, count_rows, create_log, database, options, tenant, ReplicaProcess};
+
+const CHILD: &str = "replica_child";
+
+/// Entry point of the replica child processes (does nothing when run as a plain test).
+#[test]
+#[ignore = "entry point of the replica child processes"]
+fn replica_child() {
+    support::child_main();
+}
+
+fn session(url: &str, replica: &str) -> pgtenant::RouterOptions {
+    options(url, replica).fencing(Fencing::Session)
+}
+
+/// Opens, retrying while the holder is alive by the database's account.
+async fn take_over(router: &Router, id: &TenantId) -> TenantHandle {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match router.open(id).await {
+            Ok(handle) => return handle,
+            Err(Error::LeaseHeld { expires_in, .. }) if Instant::now() < deadline => {
+                let wait = expires_in.unwrap_or_default().max(Duration::from_millis(2));
+                tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
+            }
+            Err(other) => panic!("takeover of {id} failed: {other}"),
+        }
+    }
+}
+
+/// The backends bound to a replica, from the view an operator reads.
+async fn bound_backends(client: &tokio_postgres::Client, replica: &str) -> Vec<i32> {
+    client
+        .query(
+            "SELECT pid FROM pgtenant.session_status WHERE replica_id = $1 AND backend_alive",
+            &[&replica],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+async fn alive(client: &tokio_postgres::Client, pids: &[i32]) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+            &[&pids],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// An owner paused mid-transaction past its expiry, with idle bound connections too: the
+/// contender seals its incarnation and its backends are gone by the time the epoch moved; after
+/// SIGCONT nothing the old owner sends commits, on old connections or new ones.
+#[tokio::test]
+async fn a_paused_owners_sessions_are_terminated_before_the_epoch_moves() {
+    let (db, client) = database().await;
+    let mut child = ReplicaProcess::spawn(CHILD, db.url(), "sleeper");
+    child.ready().await;
+    assert!(child
+        .request("open nap")
+        .await
+        .unwrap()
+        .starts_with("opened"));
+    // Several connections bound to its incarnation, most of them idle afterwards.
+    let spread = child.request("spread nap 1 6").await.unwrap();
+    assert_eq!(spread, "ok 6");
+    child.send("hold nap 100 500");
+    assert_eq!(child.reply().await.unwrap(), "holding");
+    let bound = bound_backends(&client, "sleeper").await;
+    assert!(bound.len() >= 2, "idle bound connections: {bound:?}");
+    assert_eq!(alive(&client, &bound).await, bound.len() as i64);
+    child.pause();
+
+    let contender = Router::start(session(db.url(), "waker")).await.unwrap();
+    let id = tenant("nap");
+    let handle = take_over(&contender, &id).await;
+    // The seal and the epoch move are one transaction that waited for each backend to exit.
+    assert_eq!(alive(&client, &bound).await, 0, "sealed sessions are gone");
+    let sealed: Option<bool> = client
+        .query_one(
+            "SELECT sealed_at IS NOT NULL FROM pgtenant.replica_status WHERE replica_id = 'sleeper'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sealed, Some(true));
+    append(&handle, "waker", 1)
+        .await
+        .expect("the new owner commits");
+
+    child.resume();
+    let held = child.reply().await.unwrap();
+    assert!(held.starts_with("error"), "the paused transaction: {held}");
+    // Its pool opens new connections now, which cannot bind to a sealed incarnation.
+    let late = child.request("spread nap 200 3").await.unwrap();
+    assert!(late.starts_with("error"), "late writes: {late}");
+    assert_eq!(
+        count_rows(
+            &handle,
+            "SELECT count(*) FROM log WHERE writer = 'sleeper' AND seq >= 100"
+        )
+        .await,
+        0,
+        "nothing the old owner sent after the pause committed"
+    );
+    assert_eq!(
+        count_rows(&handle, "SELECT count(*) FROM log WHERE writer = 'sleeper'").await,
+        6
+    );
+    contender.close().await;
+}
+
+/// A data connection opened while a seal is in progress: its bind waits for the seal and is then
+/// refused, so no backend of a sealed incarnation ever runs work.
+#[tokio::test]
+async fn a_connection_bound_during_a_seal_is_refused() {
+    let (db, client) = database().await;
+    let owner = Router::start(session(db.url(), "sealed-owner").pool_size(2))
+        .await
+        .unwrap();
+    let handle = owner.open_or_create(&tenant("mid-seal")).await.unwrap();
+    create_log(&handle).await; // binds the first connection
+    let incarnation = owner.incarnation().unwrap();
+    // Keep that connection busy, so the next work needs a new one.
+    let mut busy = handle.connect().await.unwrap();
+    let held = busy.begin().await.unwrap();
+
+    // A sealer mid-seal: the replica row is sealed but not yet committed.
+    let mut sealer = db.connect().await.unwrap();
+    let seal = sealer.transaction().await.unwrap();
+    seal.execute(
+        "UPDATE pgtenant.replicas SET sealed_at = clock_timestamp()
+          WHERE replica_id = 'sealed-owner' AND incarnation = $1",
+        &[&incarnation],
+    )
+    .await
+    .unwrap();
+    let late = {
+        let handle = handle.clone();
+        tokio::spawn(async move { append(&handle, "sealed-owner", 1).await })
+    };
+    // The new connection's bind waits for the seal…
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'
+                    AND query LIKE '%pgtenant.bind%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bind never waited on the seal"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await; // polling a condition
+    }
+    seal.commit().await.unwrap();
+    // …and is refused once it committed.
+    match late.await.unwrap() {
+        Err(Error::ReplicaDown { .. }) => {}
+        other => panic!("expected the bind to be refused, got {other:?}"),
+    }
+    drop(held);
+    drop(busy);
+    let written: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM {}.log", handle.schema()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(written, 0);
+    owner.close().await;
+}
+
+/// Work stuck past a handoff's drain timeout, then the replica closes: its backend is terminated
+/// before the release, so the next owner's commits come after it and see none of its writes.
+#[tokio::test]
+async fn work_stuck_past_the_drain_is_terminated_before_the_next_owner_commits() {
+    let (db, _client) = database().await;
+    let owner =
+        Router::start(session(db.url(), "stuck-owner").drain_timeout(Duration::from_millis(200)))
+            .await
+            .unwrap();
+    let id = tenant("stuck");
+    let handle = owner.open_or_create(&id).await.unwrap();
+    create_log(&handle).await;
+    let (started, running) = tokio::sync::oneshot::channel();
+    let stuck = {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            handle
+                .run(move |tx| {
+                    Box::pin(async move {
+                        tx.execute("INSERT INTO log VALUES (1, 1, 'stuck', 0)", &[])
+                            .await?;
+                        let _ = started.send(());
+                        tx.execute("SELECT pg_sleep(3)", &[]).await?;
+                        Ok::<_, Error>(())
+                    })
+                })
+                .await
+        })
+    };
+    running.await.unwrap();
+    assert!(matches!(
+        handle.handoff().await,
+        Err(Error::DrainTimeout { .. })
+    ));
+    let report = owner.close().await;
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+
+    let next = Router::start(session(db.url(), "next-owner"))
+        .await
+        .unwrap();
+    let taken = next.open(&id).await.expect("free after close");
+    append(&taken, "next-owner", 1).await.unwrap();
+    assert!(
+        stuck.await.unwrap().is_err(),
+        "the stuck work did not commit"
+    );
+    assert_eq!(
+        count_rows(&taken, "SELECT count(*) FROM log WHERE writer = 'stuck'").await,
+        0
+    );
+    next.close().await;
+}
+
+/// Abandon does not wait: under session fencing it terminates the work in flight (which rolls
+/// back) before releasing, since no fence would stop that work afterwards.
+#[tokio::test]
+async fn abandon_terminates_the_work_in_flight_before_releasing() {
+    let (db, _client) = database().await;
+    let owner = Router::start(session(db.url(), "quitter")).await.unwrap();
+    let contender = Router::start(session(db.url(), "taker")).await.unwrap();
+    let id = tenant("quit");
+    let handle = owner.open_or_create(&id).await.unwrap();
+    create_log(&handle).await;
+    let (started, running) = tokio::sync::oneshot::channel();
+    let long = {
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            handle
+                .run(move |tx| {
+                    Box::pin(async move {
+                        tx.execute("INSERT INTO log VALUES (1, 1, 'quitter', 0)", &[])
+                            .await?;
+                        let _ = started.send(());
+                        tx.execute("SELECT pg_sleep(2)", &[]).await?;
+                        Ok::<_, Error>(())
+                    })
+                })
+                .await
+        })
+    };
+    running.await.unwrap();
+    handle.abandon().await.unwrap();
+    assert!(long.await.unwrap().is_err(), "terminated, not committed");
+    let taken = contender.open(&id).await.unwrap();
+    assert_eq!(count_rows(&taken, "SELECT count(*) FROM log").await, 0);
+    owner.close().await;
+    contender.close().await;
+}
+
+/// Where the control plane's owner may not terminate the data sessions (here they log in as a
+/// role the owner is no member of, and the owner lacks pg_signal_backend), an explicit
+/// `Fencing::Session` refuses to start, saying so, and the default falls back to transaction
+/// fencing with the reason in the summary.
+#[tokio::test]
+async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_falls_back() {
+    let db = TestDatabase::create().await.expect("test database");
+    let admin = db.connect().await.unwrap();
+    let owner = db.create_role("owner").await.unwrap();
+    let app = db.create_role("app").await.unwrap();
+    let member = db.create_role("member").await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "GRANT CREATE ON DATABASE \"{db}\" TO {owner} WITH GRANT OPTION;
+             GRANT {app} TO {owner};
+             GRANT {app} TO {member};",
+            db = db.name(),
+            owner = owner.name(),
+            app = app.name(),
+            member = member.name(),
+        ))
+        .await
+        .unwrap();
+    let mut as_owner = owner.connect().await.unwrap();
+    pgtenant::admin::setup_with(
+        &mut as_owner,
+        &pgtenant::admin::SetupOptions::default().app_role(app.name()),
+    )
+    .await
+    .expect("setup by a non-superuser owner");
+
+    match Router::start(options(member.url(), "strict").fencing(Fencing::Session)).await {
+        Err(Error::InvalidOption { option, reason, .. }) => {
+            assert_eq!(option, "fencing");
+            assert!(reason.contains("pg_signal_backend"), "{reason}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let router = Router::start(options(member.url(), "lenient").fencing(Fencing::Auto))
+        .await
+        .expect("falls back");
+    let summary = router.summary();
+    assert_eq!(summary.fencing, Fencing::Transaction);
+    assert!(
+        summary
+            .fencing_fallback
+            .as_deref()
+            .is_some_and(|reason| reason.contains("pg_signal_backend")),
+        "{summary:?}"
+    );
+    // And it works, fenced per transaction.
+    let handle = router.open_or_create(&tenant("fallback")).await.unwrap();
+    create_log(&handle).await;
+    append(&handle, "lenient", 1).await.unwrap();
+    router.close().await;
+}
