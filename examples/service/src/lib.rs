@@ -346,6 +346,10 @@ impl IntoResponse for ApiError {
             ErrorKind::Tenant if matches!(error, Error::TenantNotFound { .. }) => {
                 (StatusCode::NOT_FOUND, "not_found")
             }
+            // `?to=` named a replica that is not running: the request was wrong.
+            ErrorKind::Tenant if matches!(error, Error::NoSuchReplica { .. }) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "no_such_replica")
+            }
             // Quarantined, schema ahead of this code, …: the message says what to repair.
             ErrorKind::Tenant => (StatusCode::CONFLICT, "tenant"),
             // Passes by itself: the database comes back, a drain ends, a retry reopens a lease
