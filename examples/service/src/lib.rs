@@ -151,6 +151,16 @@ struct Entry {
     amount: i64,
 }
 
+impl Entry {
+    fn from_row(row: &pgtenant::postgres::Row) -> Entry {
+        Entry {
+            id: row.get("id"),
+            memo: row.get("memo"),
+            amount: row.get("amount"),
+        }
+    }
+}
+
 async fn create(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value>, ApiError> {
     let tenant = app.router.open_or_create(&id).await?;
     Ok(Json(json!({
@@ -161,8 +171,11 @@ async fn create(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value
     })))
 }
 
-async fn status(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(app.router.status(&id).await?)))
+async fn status(
+    State(app): State<App>,
+    Tenant(id): Tenant,
+) -> Result<Json<pgtenant::TenantStatus>, ApiError> {
+    Ok(Json(app.router.status(&id).await?))
 }
 
 /// One entry, through `run`: the work is a closure, and it borrows the request body.
@@ -170,9 +183,10 @@ async fn add_entry(
     State(app): State<App>,
     Tenant(id): Tenant,
     Json(entry): Json<NewEntry>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Entry>), ApiError> {
     // Serving it already is a map lookup; otherwise this acquires the lease (or says who has it).
     let tenant = app.router.open(&id).await?;
+    // The work borrows the body (no clone, no 'static): `entry` is still ours afterwards.
     let new = &entry;
     let entry_id: i64 = tenant
         .run(|tx| {
@@ -194,7 +208,7 @@ async fn add_entry(
         memo: entry.memo,
         amount: entry.amount,
     };
-    Ok((StatusCode::CREATED, Json(json!(created))))
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// Several entries in one transaction, through the guard API: a loop with `?` and no closure.
@@ -222,21 +236,14 @@ async fn add_entries(
 
 async fn entries(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value>, ApiError> {
     let tenant = app.router.open(&id).await?;
-    let entries = tenant
+    // READ ONLY; its fence checks the epoch without taking the tenant's lock.
+    let entries: Vec<Entry> = tenant
         .read(|tx| {
             Box::pin(async move {
                 let rows = tx
                     .query("SELECT id, memo, amount FROM entries ORDER BY id", &[])
                     .await?;
-                Ok::<_, Error>(
-                    rows.iter()
-                        .map(|row| Entry {
-                            id: row.get(0),
-                            memo: row.get(1),
-                            amount: row.get(2),
-                        })
-                        .collect::<Vec<_>>(),
-                )
+                Ok::<_, Error>(rows.iter().map(Entry::from_row).collect())
             })
         })
         .await?;
@@ -284,7 +291,7 @@ async fn forget(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value
     let tenant = app.router.open(&id).await?;
     // Drain: requests already running on the tenant finish first; new ones are refused.
     let trash = tenant.forget(ActiveWork::Drain).await?;
-    Ok(Json(json!({ "tenant": id, "forgotten": true, "trash_schema": trash })))
+    Ok(Json(json!({ "tenant": id, "trash_schema": trash })))
 }
 
 async fn health(State(app): State<App>) -> (StatusCode, Json<pgtenant::Summary>) {
@@ -310,7 +317,10 @@ async fn render_metrics(State(app): State<App>) -> impl IntoResponse {
 enum ApiError {
     Pgtenant(Error),
     /// A handoff asked of a replica that does not hold the tenant.
-    NotServedHere { tenant: TenantId, replica: String },
+    NotServedHere {
+        tenant: TenantId,
+        replica: String,
+    },
 }
 
 impl From<Error> for ApiError {

@@ -111,7 +111,9 @@ impl Reply {
 /// response is everything read until EOF. Enough for a test, and no client dependency.
 async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Reply {
     let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.expect("connect to the service");
+        let mut stream = TcpStream::connect(addr)
+            .await
+            .expect("connect to the service");
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
@@ -185,14 +187,16 @@ async fn one_replica_serves_tenants_over_http_and_hands_them_off_on_shutdown() {
 
     // One entry through run (a closure borrowing the request body)…
     let entry = json!({ "memo": "coffee", "amount": -450 });
-    let added = a
-        .post("/tenants/acme/invoices/entries", Some(entry))
-        .await;
+    let added = a.post("/tenants/acme/invoices/entries", Some(entry)).await;
     assert_eq!(added.status, 201, "{added:?}");
-    assert_eq!(added.json(), json!({ "id": 1, "memo": "coffee", "amount": -450 }));
+    assert_eq!(
+        added.json(),
+        json!({ "id": 1, "memo": "coffee", "amount": -450 })
+    );
 
     // …several through the guard API, in one transaction.
-    let batch = json!([{ "memo": "salary", "amount": 100000 }, { "memo": "rent", "amount": -50000 }]);
+    let batch =
+        json!([{ "memo": "salary", "amount": 100000 }, { "memo": "rent", "amount": -50000 }]);
     let added = a
         .post("/tenants/acme/invoices/entries/batch", Some(batch))
         .await;
@@ -254,12 +258,18 @@ async fn one_replica_serves_tenants_over_http_and_hands_them_off_on_shutdown() {
         metrics.body
     );
 
-    assert_eq!(lease(&client, "acme/invoices").await, ("held".into(), Some("replica-a".into())));
+    assert_eq!(
+        lease(&client, "acme/invoices").await,
+        ("held".into(), Some("replica-a".into()))
+    );
     let addr = a.addr;
     let report = a.shut_down().await;
     assert_eq!(report.handed_off, ["acme/invoices"], "{report:?}");
     assert!(report.failed.is_empty(), "{report:?}");
-    assert!(TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
     assert_eq!(lease(&client, "acme/invoices").await, ("free".into(), None));
 }
 
@@ -271,7 +281,12 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
 
     assert_eq!(a.post("/tenants/acme/ledger", None).await.status, 200);
     let entry = json!({ "memo": "written by a", "amount": 1 });
-    assert_eq!(a.post("/tenants/acme/ledger/entries", Some(entry)).await.status, 201);
+    assert_eq!(
+        a.post("/tenants/acme/ledger/entries", Some(entry))
+            .await
+            .status,
+        201
+    );
 
     // B cannot serve it while A holds it, and says who does.
     let entry = json!({ "memo": "written by b", "amount": 2 });
@@ -305,7 +320,10 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
     let read = read.json();
     assert_eq!(read["replica"], "replica-b");
     assert_eq!(memos(&read), ["written by a", "written by b"]);
-    assert_eq!(lease(&client, "acme/ledger").await, ("held".into(), Some("replica-b".into())));
+    assert_eq!(
+        lease(&client, "acme/ledger").await,
+        ("held".into(), Some("replica-b".into()))
+    );
     assert_eq!(a.get("/health").await.json()["open"], 0);
     assert_eq!(b.get("/health").await.json()["open"], 1);
 
@@ -334,7 +352,10 @@ async fn health_is_503_and_requests_say_retry_once_the_router_is_closed() {
 
     // serve() closes the router again: idempotent, nothing more to report.
     let report = a.shut_down().await;
-    assert!(report.handed_off.is_empty() && report.failed.is_empty(), "{report:?}");
+    assert!(
+        report.handed_off.is_empty() && report.failed.is_empty(),
+        "{report:?}"
+    );
 }
 
 /// The binary, as deployed: it sets up the control plane, serves, and on SIGTERM hands its
@@ -359,8 +380,16 @@ async fn the_binary_hands_its_tenants_off_on_sigterm() {
         .rsplit_once("http://")
         .and_then(|(_, addr)| addr.parse().ok())
         .unwrap_or_else(|| panic!("no address in {first:?}"));
-    assert_eq!(http(addr, "POST", "/tenants/acme/invoices", None).await.status, 200);
-    assert_eq!(lease(&client, "acme/invoices").await.1.as_deref(), Some("replica-bin"));
+    assert_eq!(
+        http(addr, "POST", "/tenants/acme/invoices", None)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        lease(&client, "acme/invoices").await.1.as_deref(),
+        Some("replica-bin")
+    );
 
     let pid = child.id().expect("running").to_string();
     let killed = tokio::process::Command::new("kill")
@@ -380,7 +409,8 @@ async fn the_binary_hands_its_tenants_off_on_sigterm() {
     let status = child.wait().await.expect("wait for the service");
     assert!(status.success(), "{status}: {rest:?}");
     assert!(
-        rest.iter().any(|line| line.trim() == "handed off acme/invoices"),
+        rest.iter()
+            .any(|line| line.trim() == "handed off acme/invoices"),
         "{rest:?}"
     );
     assert_eq!(lease(&client, "acme/invoices").await, ("free".into(), None));
