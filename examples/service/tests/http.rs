@@ -415,3 +415,92 @@ async fn the_binary_hands_its_tenants_off_on_sigterm() {
     );
     assert_eq!(lease(&client, "acme/invoices").await, ("free".into(), None));
 }
+
+/// Shutdown order: a request in flight when the signal comes finishes (and commits) before the
+/// router closes; only then is the tenant handed off.
+#[tokio::test]
+async fn shutdown_lets_a_request_in_flight_finish_before_handing_off() {
+    let (db, client) = database().await;
+    let a = Service::start(db.url(), "replica-a").await;
+    let created = a.post("/tenants/acme/invoices", None).await;
+    assert_eq!(created.status, 200, "{created:?}");
+    let schema = created.json()["schema"]
+        .as_str()
+        .expect("a schema name")
+        .to_owned();
+
+    // A request whose body is still on its way. `Expect: 100-continue` makes the server say
+    // when the handler starts reading the body: from then on the request is in flight.
+    let body = json!({ "memo": "in flight at shutdown", "amount": 7 }).to_string();
+    let mut slow = TcpStream::connect(a.addr).await.expect("connect");
+    let head = format!(
+        "POST /tenants/acme/invoices/entries HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        a.addr,
+        body.len()
+    );
+    slow.write_all(head.as_bytes())
+        .await
+        .expect("send the head");
+    let mut reader = BufReader::new(slow);
+    let mut line = String::new();
+    tokio::time::timeout(PATIENCE, reader.read_line(&mut line))
+        .await
+        .expect("100 Continue within the patience")
+        .expect("read");
+    assert!(line.starts_with("HTTP/1.1 100"), "{line:?}");
+    let mut blank = String::new();
+    reader.read_line(&mut blank).await.expect("read");
+
+    let Service {
+        addr,
+        router,
+        stop,
+        served,
+    } = a;
+    stop.send(()).expect("the service is still running");
+    // Nothing announces that the listener is gone; poll for the refused connection.
+    tokio::time::timeout(PATIENCE, async {
+        while TcpStream::connect(addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the service stops accepting connections");
+    assert!(
+        !served.is_finished(),
+        "serve returned with a request in flight"
+    );
+    assert!(!router.summary().closed, "closed with a request in flight");
+    assert_eq!(
+        lease(&client, "acme/invoices").await,
+        ("held".into(), Some("replica-a".into()))
+    );
+
+    let mut slow = reader.into_inner();
+    slow.write_all(body.as_bytes())
+        .await
+        .expect("send the body");
+    let mut response = String::new();
+    tokio::time::timeout(PATIENCE, slow.read_to_string(&mut response))
+        .await
+        .expect("a response within the patience")
+        .expect("read");
+    assert!(response.starts_with("HTTP/1.1 201"), "{response}");
+
+    let report = tokio::time::timeout(PATIENCE, served)
+        .await
+        .expect("shutdown within the patience")
+        .expect("serve task")
+        .expect("serve");
+    assert_eq!(report.handed_off, ["acme/invoices"], "{report:?}");
+    assert_eq!(lease(&client, "acme/invoices").await, ("free".into(), None));
+    let memos: Vec<String> = client
+        .query(&format!("SELECT memo FROM {schema}.entries"), &[])
+        .await
+        .expect("read the ledger")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(memos, ["in flight at shutdown"]);
+}
