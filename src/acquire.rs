@@ -314,7 +314,7 @@ async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Te
         give_back(shared, &client, id, epoch, &credentials).await;
         return Err(Error::TenantNotFound {
             tenant: id.clone(),
-            message: "it has no live schema".to_owned(),
+            reason: "it was forgotten".to_owned(),
         });
     };
     let code = shared.options.code_version();
@@ -366,6 +366,7 @@ async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Te
         credentials,
         lock_key: answer.lock_key,
         migrated_from,
+        created: false,
         schema,
     };
     install_handle(shared, id, lease, event).await
@@ -487,6 +488,7 @@ async fn create_once(
         credentials: credentials.clone(),
         lock_key: answer.lock_key,
         migrated_from: None,
+        created: true,
         schema,
     };
     install_handle(shared, id, lease, event).await
@@ -503,7 +505,7 @@ pub(crate) async fn install_handle(
     {
         let mut handles = lock(&shared.handles);
         handles.insert(id.clone(), inner.clone());
-        crate::metrics::leases_held(handles.len());
+        crate::metrics::leases_held(&shared.options.replica_id, handles.len());
     }
     crate::metrics::lease_acquired();
     shared.emit(event);

@@ -142,13 +142,14 @@ pub enum Error {
     },
 
     /// The tenant does not exist (or has no live schema) and was not asked to be created.
-    #[error("tenant {tenant} does not exist: {message}; create it with Router::open_or_create")]
+    #[error("tenant {tenant} does not exist ({reason}): create it with Router::open_or_create{}",
+        if reason.contains("forgotten") { ", or restore it from the trash (Router::restore)" } else { "" })]
     #[non_exhaustive]
     TenantNotFound {
         /// The tenant.
         tenant: TenantId,
-        /// The database's words.
-        message: String,
+        /// Why: never created, or forgotten (its schema is in the trash or swept).
+        reason: String,
     },
 
     /// The tenant is quarantined: opening it failed for a reason inside the tenant.
@@ -461,7 +462,9 @@ impl Error {
     /// What kind of failure this is, for callers that act on categories rather than variants.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidTenantId(_) | Error::InvalidOption { .. } => ErrorKind::InvalidInput,
+            Error::InvalidTenantId(_)
+            | Error::InvalidOption { .. }
+            | Error::NoSuchReplica { .. } => ErrorKind::InvalidInput,
             Error::Database { source, .. } if is_unavailable(source) => ErrorKind::Unavailable,
             Error::Database { .. } | Error::UnexpectedReply { .. } => ErrorKind::Database,
             Error::Pool { .. }
@@ -473,19 +476,17 @@ impl Error {
             Error::ControlPlaneTooNew { .. }
             | Error::ControlPlaneOutdated { .. }
             | Error::Migration(_) => ErrorKind::ControlPlane,
-            Error::ReplicaIdInUse { .. } | Error::NotASession(_) | Error::RouterClosed => {
-                ErrorKind::Replica
-            }
+            Error::ReplicaIdInUse { .. } | Error::NotASession(_) => ErrorKind::Replica,
+            Error::RouterClosed => ErrorKind::Closed,
             Error::LeaseHeld { .. } => ErrorKind::Held,
             Error::Fenced { .. } | Error::Forgotten { .. } | Error::LeaseLost { .. } => {
                 ErrorKind::LeaseEnded
             }
-            Error::TenantNotFound { .. }
-            | Error::Quarantined { .. }
+            Error::TenantNotFound { .. } => ErrorKind::NotFound,
+            Error::Quarantined { .. }
             | Error::MigrationFailed { .. }
             | Error::SchemaAhead { .. }
-            | Error::RestoreRefused { .. }
-            | Error::NoSuchReplica { .. } => ErrorKind::Tenant,
+            | Error::RestoreRefused { .. } => ErrorKind::Tenant,
             Error::AtCapacity { .. }
             | Error::Draining { .. }
             | Error::DrainTimeout { .. }
@@ -514,26 +515,34 @@ impl From<deadpool_postgres::PoolError> for Error {
     }
 }
 
-/// The categories of [`Error`], from [`Error::kind`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The categories of [`Error`], from [`Error::kind`]: what a caller does about a failure.
+///
+/// [`ErrorKind::as_str`] (also its `Display` and serde form) is a stable snake_case code for
+/// logs, metrics labels and API replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// Bad input (an id, an option, a filter): nothing was changed. Fix the call.
+    /// Bad input (an id, an option, a handoff to a replica that is not running): nothing was
+    /// changed. Fix the call.
     InvalidInput,
     /// The database is unreachable, restarting, out of connections or too slow for now, or
     /// this replica is between incarnations: retry later.
     Unavailable,
     /// The control plane is missing, outdated, or newer than this library.
     ControlPlane,
-    /// The replica cannot run: its id is in use, a pooler is in front of its lease session,
-    /// or the router is closed.
+    /// The replica cannot run: its id is in use, or a pooler is in front of its lease session.
     Replica,
+    /// The router was closed: this process is shutting down.
+    Closed,
     /// Another replica holds the tenant, or it is reserved for one.
     Held,
     /// This handle's lease is over (fenced, forgotten, released, lost): open the tenant again.
     LeaseEnded,
-    /// The tenant cannot be served as it is: not found, quarantined, a migration failed, its
-    /// schema is ahead of the code, a restore or handoff target was refused.
+    /// The tenant does not exist (never created, or forgotten).
+    NotFound,
+    /// The tenant cannot be served as it is: quarantined, a migration failed, its schema is
+    /// ahead of the code, a restore was refused.
     Tenant,
     /// Busy for now: draining, a drain timed out, work in flight, at capacity, an open timed
     /// out.
@@ -542,6 +551,32 @@ pub enum ErrorKind {
     Work,
     /// Any other database error: see the SQLSTATE ([`Error::sqlstate`]).
     Database,
+}
+
+impl ErrorKind {
+    /// The kind as a stable snake_case code (`"invalid_input"`, `"unavailable"`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::ControlPlane => "control_plane",
+            ErrorKind::Replica => "replica",
+            ErrorKind::Closed => "closed",
+            ErrorKind::Held => "held",
+            ErrorKind::LeaseEnded => "lease_ended",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Tenant => "tenant",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Work => "work",
+            ErrorKind::Database => "database",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Whether a driver error means "the database is not there right now".

@@ -375,6 +375,13 @@ impl Drop for TenantConnection {
 
 /// A fenced transaction, guard-style: derefs to the driver's [`Transaction`]; commits with
 /// [`TenantTransaction::commit`] and rolls back when dropped. Counts as work in flight.
+///
+/// Statements run through the deref (`execute`, `query`, …) return the driver's
+/// [`tokio_postgres::Error`], not pgtenant's: `?` converts it into [`Error::Database`]
+/// (whose Display carries the server's SQLSTATE, message, detail and hint). The fence speaks
+/// through [`TenantConnection::begin`] and [`TenantTransaction::commit`]: a stale epoch is
+/// refused by `begin` ([`Error::Fenced`]), and a lease that moves while the transaction is
+/// open makes `commit` fail; an `Ok` from `commit` means committed under the lease.
 pub struct TenantTransaction<'c> {
     tx: Transaction<'c>,
     handle: &'c Arc<HandleInner>,

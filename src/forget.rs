@@ -149,7 +149,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         .map(|row| row.get(0))
         .ok_or_else(|| Error::TenantNotFound {
             tenant: id.clone(),
-            message: "never created".to_owned(),
+            reason: "never created".to_owned(),
         })?;
     let (key, secret) = (id.key(), credentials.secret());
     let incarnation = credentials.incarnation.get();
@@ -231,6 +231,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         credentials,
         lock_key,
         migrated_from,
+        created: false,
         schema,
     };
     install_handle(shared, id, lease, event).await

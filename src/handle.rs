@@ -33,6 +33,8 @@ pub(crate) struct HandleInner {
     pub(crate) lock_key: i32,
     /// The version this tenure's open migrated from, when it ran migrations.
     pub(crate) migrated_from: Option<i64>,
+    /// Whether this tenure began by creating the tenant.
+    pub(crate) created: bool,
     pub(crate) schema: String,
     state: AtomicU8,
     /// Held while work is admitted (state checked, in-flight count raised) and while the state
@@ -69,6 +71,7 @@ pub(crate) struct Acquired {
     pub(crate) lock_key: i32,
     pub(crate) migrated_from: Option<i64>,
     pub(crate) schema: String,
+    pub(crate) created: bool,
 }
 
 impl HandleInner {
@@ -79,6 +82,7 @@ impl HandleInner {
             credentials: lease.credentials,
             lock_key: lease.lock_key,
             migrated_from: lease.migrated_from,
+            created: lease.created,
             schema: lease.schema,
             state: AtomicU8::new(HandleState::Serving.to_u8()),
             gate: Mutex::new(()),
@@ -373,6 +377,16 @@ impl TenantHandle {
 
     pub(crate) fn inner(&self) -> &Arc<HandleInner> {
         &self.inner
+    }
+
+    /// Whether this tenure began by creating the tenant: true on the handle that
+    /// [`Router::open_or_create`](crate::Router::open_or_create) returned when the tenant did
+    /// not exist (and on its clones, and on what [`Router::handle_of`](crate::Router::handle_of)
+    /// returns for it until it is released), false when it opened an existing tenant. For a
+    /// `201 Created`, a log line, a metric. To seed a new tenant's data, use a tenant
+    /// migration: it runs exactly once per tenant, in the transaction that creates it.
+    pub fn created(&self) -> bool {
+        self.inner.created
     }
 
     /// The tenant.

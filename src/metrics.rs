@@ -1,56 +1,118 @@
-//! Metrics through the [`metrics`](https://docs.rs/metrics) facade: pgtenant records, the
-//! application installs whatever exporter it likes (Prometheus, StatsD, …) or none, in which
+//! The metrics pgtenant records, through the [`metrics`](https://docs.rs/metrics) facade: the
+//! application installs whatever recorder it likes (Prometheus, StatsD, …) or none, in which
 //! case recording costs next to nothing.
 //!
-//! | name | kind | what |
-//! |---|---|---|
-//! | `pgtenant_leases_held` | gauge | tenants this process serves or drains |
-//! | `pgtenant_acquisitions_total` | counter | leases acquired (opens, creations, restores) |
-//! | `pgtenant_takeovers_total` | counter | acquisitions that broke a dead or stalled owner's lease |
-//! | `pgtenant_open_seconds` | histogram | time of an open that acquired, label `outcome` = `ok` / `error` |
-//! | `pgtenant_fence_refusals_total` | counter | fenced transactions PostgreSQL refused (stale epoch) |
-//! | `pgtenant_leases_lost_total` | counter | leases that ended without a release |
-//! | `pgtenant_heartbeat_seconds` | histogram | heartbeat round trips, label `outcome` = `renewed` / `failed` |
-//! | `pgtenant_drain_seconds` | histogram | how long handoffs waited for work in flight |
-//! | `pgtenant_releases_batched` | histogram | releases per release transaction |
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `pgtenant_leases_held` | gauge | `replica` | tenants this replica serves or drains |
+//! | `pgtenant_acquisitions_total` | counter | | leases acquired (opens, creations, restores) |
+//! | `pgtenant_takeovers_total` | counter | | acquisitions that broke a dead or stalled owner's lease |
+//! | `pgtenant_open_seconds` | histogram | `outcome` = `ok` / `error` | time of an open that went to the database |
+//! | `pgtenant_fence_refusals_total` | counter | | fenced transactions PostgreSQL refused (stale epoch) |
+//! | `pgtenant_leases_lost_total` | counter | | leases that ended without a release |
+//! | `pgtenant_heartbeat_seconds` | histogram | `outcome` = `renewed` / `failed` | heartbeat round trips |
+//! | `pgtenant_drain_seconds` | histogram | | how long handoffs waited for work in flight |
+//! | `pgtenant_releases_batched` | histogram | | releases per release transaction |
+//!
+//! [`Router::start`](crate::Router::start) calls [`describe`], so a recorder installed before
+//! it gets each metric's unit and help text; call [`describe`] yourself for one installed
+//! later.
 
 use std::time::Duration;
 
-pub(crate) fn leases_held(count: usize) {
-    metrics::gauge!("pgtenant_leases_held").set(count as f64);
+use metrics::Unit;
+
+/// Gauge: tenants this replica serves or drains (label `replica`).
+pub const LEASES_HELD: &str = "pgtenant_leases_held";
+/// Counter: leases acquired (opens, creations, restores).
+pub const ACQUISITIONS: &str = "pgtenant_acquisitions_total";
+/// Counter: acquisitions that broke a dead or stalled owner's lease.
+pub const TAKEOVERS: &str = "pgtenant_takeovers_total";
+/// Histogram (seconds): opens that went to the database (label `outcome`: `ok`, `error`).
+pub const OPEN_SECONDS: &str = "pgtenant_open_seconds";
+/// Counter: fenced transactions PostgreSQL refused because their epoch was stale.
+pub const FENCE_REFUSALS: &str = "pgtenant_fence_refusals_total";
+/// Counter: leases that ended without a release (lost, taken over, incarnation ended).
+pub const LEASES_LOST: &str = "pgtenant_leases_lost_total";
+/// Histogram (seconds): heartbeat round trips (label `outcome`: `renewed`, `failed`).
+pub const HEARTBEAT_SECONDS: &str = "pgtenant_heartbeat_seconds";
+/// Histogram (seconds): how long handoffs waited for work in flight.
+pub const DRAIN_SECONDS: &str = "pgtenant_drain_seconds";
+/// Histogram: releases per release transaction.
+pub const RELEASES_BATCHED: &str = "pgtenant_releases_batched";
+
+/// Registers every metric's unit and help text with the installed recorder.
+pub fn describe() {
+    metrics::describe_gauge!(LEASES_HELD, "Tenants this replica serves or drains.");
+    metrics::describe_counter!(
+        ACQUISITIONS,
+        "Leases acquired (opens, creations, restores)."
+    );
+    metrics::describe_counter!(
+        TAKEOVERS,
+        "Acquisitions that broke a dead or stalled owner's lease."
+    );
+    metrics::describe_histogram!(
+        OPEN_SECONDS,
+        Unit::Seconds,
+        "Time of an open that went to the database."
+    );
+    metrics::describe_counter!(
+        FENCE_REFUSALS,
+        "Fenced transactions PostgreSQL refused because their epoch was stale."
+    );
+    metrics::describe_counter!(LEASES_LOST, "Leases that ended without a release.");
+    metrics::describe_histogram!(
+        HEARTBEAT_SECONDS,
+        Unit::Seconds,
+        "Heartbeat round trips of the lease session."
+    );
+    metrics::describe_histogram!(
+        DRAIN_SECONDS,
+        Unit::Seconds,
+        "How long handoffs waited for work in flight."
+    );
+    metrics::describe_histogram!(
+        RELEASES_BATCHED,
+        Unit::Count,
+        "Releases per release transaction."
+    );
+}
+
+pub(crate) fn leases_held(replica: &str, count: usize) {
+    metrics::gauge!(LEASES_HELD, "replica" => replica.to_owned()).set(count as f64);
 }
 
 pub(crate) fn lease_acquired() {
-    metrics::counter!("pgtenant_acquisitions_total").increment(1);
+    metrics::counter!(ACQUISITIONS).increment(1);
 }
 
 pub(crate) fn takeover() {
-    metrics::counter!("pgtenant_takeovers_total").increment(1);
+    metrics::counter!(TAKEOVERS).increment(1);
 }
 
 pub(crate) fn open_finished(took: Duration, ok: bool) {
     let outcome = if ok { "ok" } else { "error" };
-    metrics::histogram!("pgtenant_open_seconds", "outcome" => outcome).record(took.as_secs_f64());
+    metrics::histogram!(OPEN_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
 }
 
 pub(crate) fn fence_refused() {
-    metrics::counter!("pgtenant_fence_refusals_total").increment(1);
+    metrics::counter!(FENCE_REFUSALS).increment(1);
 }
 
 pub(crate) fn lease_lost() {
-    metrics::counter!("pgtenant_leases_lost_total").increment(1);
+    metrics::counter!(LEASES_LOST).increment(1);
 }
 
 pub(crate) fn heartbeat(took: Duration, renewed: bool) {
     let outcome = if renewed { "renewed" } else { "failed" };
-    metrics::histogram!("pgtenant_heartbeat_seconds", "outcome" => outcome)
-        .record(took.as_secs_f64());
+    metrics::histogram!(HEARTBEAT_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
 }
 
 pub(crate) fn drain_time(took: Duration) {
-    metrics::histogram!("pgtenant_drain_seconds").record(took.as_secs_f64());
+    metrics::histogram!(DRAIN_SECONDS).record(took.as_secs_f64());
 }
 
 pub(crate) fn releases_batched(size: usize) {
-    metrics::histogram!("pgtenant_releases_batched").record(size as f64);
+    metrics::histogram!(RELEASES_BATCHED).record(size as f64);
 }

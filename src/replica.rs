@@ -122,7 +122,7 @@ impl Shared {
             .is_some_and(|current| Arc::ptr_eq(current, handle))
         {
             handles.remove(&handle.id);
-            crate::metrics::leases_held(handles.len());
+            crate::metrics::leases_held(&self.options.replica_id, handles.len());
         }
     }
 
@@ -186,7 +186,7 @@ impl Shared {
     pub(crate) fn lose_incarnation(&self, reason: &str) {
         self.liveness.end();
         let lost: Vec<Arc<HandleInner>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
-        crate::metrics::leases_held(0);
+        crate::metrics::leases_held(&self.options.replica_id, 0);
         for handle in lost {
             handle.mark_lost(reason);
         }

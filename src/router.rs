@@ -74,8 +74,9 @@ impl std::fmt::Debug for Router {
     }
 }
 
-/// What [`Router::close`] did.
-#[derive(Debug, Default)]
+/// What [`Router::close`] did. Serializes (for a shutdown log line) with each failure as
+/// `{"tenant", "kind", "message"}`.
+#[derive(Debug, Default, serde::Serialize)]
 #[non_exhaustive]
 pub struct CloseReport {
     /// Tenants handed off.
@@ -85,7 +86,25 @@ pub struct CloseReport {
     pub forgotten: Vec<TenantId>,
     /// Tenants whose handoff failed, with why (a drain timeout, a lost lease, the database).
     /// Their leases ended with the replica's deregistration all the same.
+    #[serde(serialize_with = "serialize_failures")]
     pub failed: Vec<(TenantId, Error)>,
+}
+
+fn serialize_failures<S: serde::Serializer>(
+    failed: &[(TenantId, Error)],
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    #[derive(serde::Serialize)]
+    struct Failure<'a> {
+        tenant: &'a TenantId,
+        kind: crate::ErrorKind,
+        message: String,
+    }
+    serializer.collect_seq(failed.iter().map(|(tenant, error)| Failure {
+        tenant,
+        kind: error.kind(),
+        message: error.to_string(),
+    }))
 }
 
 /// A tenant as the control plane and this replica see it, for status endpoints.
@@ -158,6 +177,7 @@ impl Router {
     #[instrument(skip_all, fields(replica = %options.replica_id))]
     pub async fn start(mut options: RouterOptions) -> Result<Router> {
         options.validate()?;
+        crate::metrics::describe();
         options.connector.timeout = options.effective_connect_timeout();
         let pool = match &options.pool {
             Some(pool) => {
@@ -402,6 +422,15 @@ impl Router {
     /// The releases of tenants that finish draining together share a transaction, so closing
     /// a replica that holds thousands of idle tenants takes about a second (BENCHMARKS.md),
     /// not one notifying commit per tenant.
+    ///
+    /// How long it can take: acquisitions in flight are waited for up to `open_timeout +
+    /// drain_timeout`; a tenant whose work does not finish holds its lane for `drain_timeout`
+    /// (then it is reported in [`CloseReport::failed`] and released by the deregistration),
+    /// so handoffs take at most ⌈stuck tenants / `close_concurrency`⌉ × `drain_timeout` plus
+    /// the database's time for the releases; then one deregistration statement (under session
+    /// fencing it waits up to 5 s for this replica's data sessions to exit). To bound a
+    /// shutdown whatever happens, wrap the call in `tokio::time::timeout` and exit: the lease
+    /// session ends with the process, and other replicas take its tenants over at once.
     pub async fn close(&self) -> CloseReport {
         let shared = self.shared();
         if shared.closed.swap(true, Ordering::AcqRel) {

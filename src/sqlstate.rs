@@ -97,7 +97,7 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
         }),
         (NO_TENANT, Some(tenant)) => Some(Error::TenantNotFound {
             tenant,
-            message: db.message().to_owned(),
+            reason: not_found_reason(db.message()),
         }),
         (QUARANTINED, Some(tenant)) => {
             let detail: QuarantineDetail = db
@@ -135,4 +135,13 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
         _ => None,
     };
     mapped.unwrap_or_else(|| Error::db(scope.doing)(error))
+}
+
+/// The why of a PTN01 without the repeated "tenant … does not exist": "never created", or
+/// "forgotten at epoch N" from the function's "has no live schema (forgotten at epoch N)".
+fn not_found_reason(message: &str) -> String {
+    match message.split_once("(forgotten") {
+        Some((_, rest)) => format!("forgotten{}", rest.trim_end_matches(')')),
+        None => "never created".to_owned(),
+    }
 }

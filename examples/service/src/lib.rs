@@ -350,16 +350,14 @@ impl IntoResponse for ApiError {
             }
         };
         let (status, code) = match error.kind() {
+            // `?to=` named a replica that is not running: the request was wrong.
+            ErrorKind::InvalidInput if matches!(error, Error::NoSuchReplica { .. }) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "no_such_replica")
+            }
             ErrorKind::InvalidInput => (StatusCode::BAD_REQUEST, "invalid_input"),
             // Another replica has it: the body names the owner, go there.
             ErrorKind::Held => (StatusCode::CONFLICT, "held"),
-            ErrorKind::Tenant if matches!(error, Error::TenantNotFound { .. }) => {
-                (StatusCode::NOT_FOUND, "not_found")
-            }
-            // `?to=` named a replica that is not running: the request was wrong.
-            ErrorKind::Tenant if matches!(error, Error::NoSuchReplica { .. }) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, "no_such_replica")
-            }
+            ErrorKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             // Quarantined, schema ahead of this code, …: the message says what to repair.
             ErrorKind::Tenant => (StatusCode::CONFLICT, "tenant"),
             // Passes by itself: the database comes back, a drain ends, a retry reopens a lease
@@ -368,6 +366,7 @@ impl IntoResponse for ApiError {
             ErrorKind::Unavailable
             | ErrorKind::Busy
             | ErrorKind::LeaseEnded
+            | ErrorKind::Closed
             | ErrorKind::Replica => (StatusCode::SERVICE_UNAVAILABLE, "retry"),
             // The ledger's own rules (the CHECK on memo): the request was wrong.
             ErrorKind::Database if error.sqlstate().is_some_and(|s| s.starts_with("23")) => {
