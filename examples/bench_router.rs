@@ -13,6 +13,10 @@
 //!    the exact live-heap delta counted by a global allocator wrapper installed in this example.
 //!
 //! It prints a Markdown report and writes it to `/tmp/bench_router.md`.
+#![allow(
+    unsafe_code,
+    reason = "the counting GlobalAlloc of part 3 forwards to System, each call with its SAFETY comment"
+)]
 
 #[path = "common/mod.rs"]
 mod common;
@@ -905,8 +909,8 @@ fn render(
          per-tenant state), `size_of::<TenantId>()` = {} B plus its key string on the heap.",
         m.allocations_per_open,
         per(m.before.heap, m.released.heap),
-        std::mem::size_of::<TenantHandle>(),
-        std::mem::size_of::<TenantId>()
+        size_of::<TenantHandle>(),
+        size_of::<TenantId>()
     );
     out
 }

@@ -166,7 +166,7 @@ pub(crate) fn target(config: &Config) -> String {
 
 impl Default for Connector {
     fn default() -> Connector {
-        Connector::new(tokio_postgres::NoTls)
+        Connector::new(NoTls)
     }
 }
 
@@ -185,7 +185,7 @@ pub(crate) async fn drive(mut messages: Messages) {
 /// The data-path connections' settings: read-only by default (G6: work that ends its fenced
 /// transaction cannot write afterwards; only the fenced transaction is READ WRITE), as a
 /// startup option, which RESET ALL keeps; and TCP keepalives, so a vanished server ends them.
-fn data_session_config(options: &RouterOptions) -> tokio_postgres::Config {
+fn data_session_config(options: &RouterOptions) -> Config {
     let mut config = options.config.clone();
     if options.read_only_data_sessions {
         let startup = match config.get_options() {
@@ -199,7 +199,7 @@ fn data_session_config(options: &RouterOptions) -> tokio_postgres::Config {
     config
         .keepalives(true)
         .keepalives_idle(options.keepalive_idle)
-        .keepalives_interval(std::time::Duration::from_secs(2))
+        .keepalives_interval(Duration::from_secs(2))
         .keepalives_retries(3);
     config
 }

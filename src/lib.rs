@@ -47,6 +47,7 @@
 //! Connections: the lease session must reach PostgreSQL directly, or through PgBouncer in
 //! session mode; a transaction-mode pooler is refused with [`Error::NotASession`]. The data
 //! path works behind transaction pooling. For TLS, see [`RouterOptions::tls`].
+#![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(rustdoc::broken_intra_doc_links)]
 

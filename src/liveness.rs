@@ -52,7 +52,7 @@ impl std::fmt::Debug for Credentials {
 /// paths only, sit behind a mutex).
 pub(crate) struct Liveness {
     base: Instant,
-    credentials: std::sync::Mutex<Option<std::sync::Arc<Credentials>>>,
+    credentials: std::sync::Mutex<Option<Arc<Credentials>>>,
     /// Current incarnation; 0 while not registered.
     incarnation: AtomicI64,
     /// Local deadline of the current incarnation, in nanoseconds since `base`.
@@ -93,11 +93,11 @@ impl Liveness {
     }
 
     /// The current incarnation's credentials; None while not registered.
-    pub(crate) fn credentials(&self) -> Option<std::sync::Arc<Credentials>> {
+    pub(crate) fn credentials(&self) -> Option<Arc<Credentials>> {
         self.lock_credentials().clone()
     }
 
-    fn lock_credentials(&self) -> std::sync::MutexGuard<'_, Option<std::sync::Arc<Credentials>>> {
+    fn lock_credentials(&self) -> std::sync::MutexGuard<'_, Option<Arc<Credentials>>> {
         self.credentials
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -105,7 +105,7 @@ impl Liveness {
 
     pub(crate) fn begin(&self, credentials: Credentials, deadline: Instant) {
         let incarnation = credentials.incarnation.get();
-        *self.lock_credentials() = Some(std::sync::Arc::new(credentials));
+        *self.lock_credentials() = Some(Arc::new(credentials));
         self.deadline.store(self.nanos(deadline), Ordering::Release);
         self.lapsed.store(false, Ordering::Release);
         self.incarnation.store(incarnation, Ordering::Release);

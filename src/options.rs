@@ -358,6 +358,7 @@ impl RouterOptions {
     /// can hold (a transaction-mode pooler that drops startup options, with no role default):
     /// then such work can write unfenced, and [`TenantHandle::run`](crate::TenantHandle::run)
     /// still reports it as an error.
+    #[must_use]
     pub fn read_only_data_sessions(mut self, enabled: bool) -> Self {
         self.read_only_data_sessions = enabled;
         self
@@ -374,6 +375,7 @@ impl RouterOptions {
     /// How long pgtenant waits for the server to answer one of its own statements in a fenced
     /// transaction (`BEGIN`, `COMMIT`) before it closes the connection as stuck (default 30 s,
     /// range 1 ms..=1 h): a connection that stopped answering never holds a pool slot.
+    #[must_use]
     pub fn stuck_timeout(mut self, timeout: Duration) -> Self {
         self.stuck_timeout = timeout;
         self

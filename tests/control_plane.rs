@@ -92,7 +92,7 @@ async fn a_control_plane_at_version_1_is_upgraded_in_place() {
     match pgtenant::Router::start(pgtenant::RouterOptions::from_url("early", db.url()).unwrap())
         .await
     {
-        Err(pgtenant::Error::ControlPlaneOutdated { .. }) => {}
+        Err(Error::ControlPlaneOutdated { .. }) => {}
         Err(other) => panic!("expected ControlPlaneOutdated, got {other}"),
         Ok(_) => panic!("a router started on an outdated control plane"),
     }

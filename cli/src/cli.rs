@@ -27,7 +27,7 @@ use crate::duration;
         pgtenant migrate --dir migrations/tenant",
     propagate_version = true
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten)]
     pub connection: Connection,
     #[command(subcommand)]
@@ -36,7 +36,7 @@ pub struct Cli {
 
 /// How to reach the database; accepted before or after the command.
 #[derive(Debug, Args)]
-pub struct Connection {
+pub(crate) struct Connection {
     /// The database: postgres://user:password@host:port/database?sslmode=… or
     /// "host=… dbname=…" [default: $DATABASE_URL; an empty one counts as unset]
     #[arg(long, global = true, value_name = "URL", help_heading = "Connection")]
@@ -49,14 +49,14 @@ pub struct Connection {
 }
 
 #[derive(Debug, Args)]
-pub struct Json {
+pub(crate) struct Json {
     /// Machine-readable output (snake_case fields, RFC 3339 UTC timestamps)
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Create or upgrade the control plane (schema pgtenant); idempotent, safe to run from many
     /// processes at once
     Setup(Setup),
@@ -86,7 +86,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct Setup {
+pub(crate) struct Setup {
     /// The application's role: gets only the protocol functions, SELECT on what the fence and
     /// the status views read, and CREATE on the database for tenant schemas, never write
     /// access to a control-plane table (the role must exist)
@@ -102,7 +102,7 @@ pub struct Setup {
 }
 
 #[derive(Debug, Args)]
-pub struct Status {
+pub(crate) struct Status {
     #[command(flatten)]
     pub output: Json,
 }
@@ -112,7 +112,7 @@ pub struct Status {
     after_help = "Filters combine with AND. Pages go by tenant key: when there is more, \
     the output ends with the --after to pass for the next page (in JSON: next_after)."
 )]
-pub struct Tenants {
+pub(crate) struct Tenants {
     /// Only tenants held by this replica
     #[arg(long, value_name = "REPLICA")]
     pub owner: Option<String>,
@@ -139,7 +139,7 @@ pub struct Tenants {
 }
 
 #[derive(Debug, Args)]
-pub struct Show {
+pub(crate) struct Show {
     /// The tenant
     #[arg(value_name = "ORG/LEDGER", value_parser = tenant_id)]
     pub tenant: pgtenant::TenantId,
@@ -148,7 +148,7 @@ pub struct Show {
 }
 
 #[derive(Debug, Args)]
-pub struct Trash {
+pub(crate) struct Trash {
     #[command(flatten)]
     pub output: Json,
 }
@@ -159,7 +159,7 @@ pub struct Trash {
     transactions, so a schema of thousands of tables fits PostgreSQL's lock table; a schema \
     in use is deferred to the next sweep. Also prunes journal rows older than 30 days."
 )]
-pub struct Sweep {
+pub(crate) struct Sweep {
     /// Keep trashed schemas younger than this (they can still be restored), e.g. 7d, 12h, 0s
     #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = duration::retention)]
     pub retention: Duration,
@@ -174,7 +174,7 @@ pub struct Sweep {
     tenant. The first tenant runs alone, and the run stops once --max-failures tenants failed, \
     so a broken migration quarantines one tenant, not all of them."
 )]
-pub struct Migrate {
+pub(crate) struct Migrate {
     /// The tenant migrations: SQL files named V<n>__name.sql
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
@@ -192,7 +192,7 @@ pub struct Migrate {
 }
 
 #[derive(Debug, Args)]
-pub struct Clear {
+pub(crate) struct Clear {
     /// The tenant
     #[arg(value_name = "ORG/LEDGER", value_parser = tenant_id)]
     pub tenant: pgtenant::TenantId,

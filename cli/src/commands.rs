@@ -13,7 +13,7 @@ use crate::error::{explain, CliError};
 use crate::output::{self, cell, out, Outcome, TenantMigrated};
 
 /// The connection string from `--database-url` or `$DATABASE_URL`; empty counts as unset.
-pub fn database_url(connection: &Connection) -> Option<String> {
+pub(crate) fn database_url(connection: &Connection) -> Option<String> {
     connection
         .database_url
         .clone()
@@ -21,7 +21,7 @@ pub fn database_url(connection: &Connection) -> Option<String> {
         .filter(|url| !url.trim().is_empty())
 }
 
-pub fn target(connection: &Connection) -> Result<Target, CliError> {
+pub(crate) fn target(connection: &Connection) -> Result<Target, CliError> {
     let url = database_url(connection).ok_or(CliError::NoDatabase)?;
     Target::parse(&url, connection.connect_timeout)
 }
@@ -35,7 +35,7 @@ async fn connect(connection: &Connection) -> Result<(Target, Connected), CliErro
 /// Starts a router; Router::start opens the lease session and probes it with more
 /// connections, and the whole start is bounded like every other connection of the command
 /// (tokio-postgres' own connect_timeout bounds only their TCP connects).
-pub async fn start_router(
+pub(crate) async fn start_router(
     target: &Target,
     options: pgtenant::RouterOptions,
 ) -> Result<pgtenant::Router, CliError> {
@@ -87,7 +87,7 @@ async fn check_control_plane(client: &Client, access: Access) -> Result<i64, Cli
     }
 }
 
-pub async fn setup(connection: &Connection, args: &cli::Setup) -> Result<(), CliError> {
+pub(crate) async fn setup(connection: &Connection, args: &cli::Setup) -> Result<(), CliError> {
     let (_, mut connected) = connect(connection).await?;
     let mut roles = pgtenant::admin::SetupOptions::default();
     if let Some(role) = &args.app_role {
@@ -127,12 +127,12 @@ macro_rules! utc {
     };
 }
 
-pub async fn status(connection: &Connection, args: &cli::Status) -> Result<(), CliError> {
+pub(crate) async fn status(connection: &Connection, args: &cli::Status) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
     status_of(&connected.client, args.output.json).await
 }
 
-pub async fn status_of(client: &Client, json: bool) -> Result<(), CliError> {
+pub(crate) async fn status_of(client: &Client, json: bool) -> Result<(), CliError> {
     let version = check_control_plane(client, Access::Read).await?;
     let supported = pgtenant::admin::supported_version();
     if json {
@@ -226,7 +226,7 @@ async fn print_query(client: &Client, sql: &str) -> Result<(), CliError> {
     output::table(&header, &rows)
 }
 
-pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
+pub(crate) async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
     let mut query = pgtenant::admin::TenantQuery::default();
     query.owner = args.owner.clone();
     query.state = args.state.as_deref().map(str::parse).transpose()?;
@@ -293,7 +293,7 @@ pub async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(),
     Ok(())
 }
 
-pub async fn show(connection: &Connection, args: &cli::Show) -> Result<(), CliError> {
+pub(crate) async fn show(connection: &Connection, args: &cli::Show) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
     check_control_plane(&connected.client, Access::Read).await?;
     let record = pgtenant::admin::show_tenant(&connected.client, &args.tenant)
@@ -318,7 +318,7 @@ pub async fn show(connection: &Connection, args: &cli::Show) -> Result<(), CliEr
     ])
 }
 
-pub async fn trash(connection: &Connection, args: &cli::Trash) -> Result<(), CliError> {
+pub(crate) async fn trash(connection: &Connection, args: &cli::Trash) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
     check_control_plane(&connected.client, Access::Read).await?;
     let trash = pgtenant::admin::list_trash(&connected.client).await?;
@@ -340,7 +340,7 @@ pub async fn trash(connection: &Connection, args: &cli::Trash) -> Result<(), Cli
     output::table(&["schema", "tenant", "epoch", "trashed", "swept"], &rows)
 }
 
-pub async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), CliError> {
+pub(crate) async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), CliError> {
     let (_, mut connected) = connect(connection).await?;
     check_control_plane(&connected.client, Access::Write("sweep")).await?;
     let json = args.output.json;
@@ -384,7 +384,7 @@ pub async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), Cli
     Ok(())
 }
 
-pub async fn clear(connection: &Connection, args: &cli::Clear) -> Result<(), CliError> {
+pub(crate) async fn clear(connection: &Connection, args: &cli::Clear) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
     check_control_plane(&connected.client, Access::Write("clear")).await?;
     let id = &args.tenant;
@@ -400,7 +400,7 @@ pub async fn clear(connection: &Connection, args: &cli::Clear) -> Result<(), Cli
     }
 }
 
-pub async fn migrate(connection: &Connection, args: &cli::Migrate) -> Result<(), CliError> {
+pub(crate) async fn migrate(connection: &Connection, args: &cli::Migrate) -> Result<(), CliError> {
     let dir = args.dir.display().to_string();
     let migrations =
         refinery::load_sql_migrations(&args.dir).map_err(|e| CliError::Migrations {

@@ -15,11 +15,11 @@ use crate::error::{explain, CliError};
 use crate::tls::{self, Verify};
 
 /// `--connect-timeout` when neither it nor the URL's `connect_timeout` is given.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// libpq's sslmodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Allow,
     Prefer,
@@ -51,7 +51,7 @@ impl SslMode {
 
 /// Where and how to connect, checked before any connection is tried.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// Everything tokio-postgres understands; its sslmode is set per attempt.
     config: Config,
     mode: SslMode,
@@ -61,7 +61,7 @@ pub struct Target {
 
 /// A connection and how it was made, so that every later connection of the same command (a
 /// router's) is made the same way.
-pub struct Connected {
+pub(crate) struct Connected {
     pub client: Client,
     transport: Transport,
 }
@@ -75,7 +75,7 @@ enum Transport {
 
 impl Target {
     /// Reads a connection string; `timeout` is `--connect-timeout` when given.
-    pub fn parse(text: &str, timeout: Option<Duration>) -> Result<Target, CliError> {
+    pub(crate) fn parse(text: &str, timeout: Option<Duration>) -> Result<Target, CliError> {
         let mut params = if text.starts_with("postgres://") || text.starts_with("postgresql://") {
             UrlParts::parse(text)?
         } else {
@@ -162,7 +162,7 @@ impl Target {
     }
 
     /// `host:port/database`, for messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         use tokio_postgres::config::Host;
         let hosts: Vec<String> = self
             .config
@@ -198,7 +198,7 @@ impl Target {
     /// Connects within the timeout, encrypting as the sslmode says. `prefer` (the default)
     /// encrypts when the server offers TLS and falls back to plain when TLS cannot be set up,
     /// as libpq does; `allow` tries plain first and encrypts when the server wants it.
-    pub async fn connect(&self) -> Result<Connected, CliError> {
+    pub(crate) async fn connect(&self) -> Result<Connected, CliError> {
         let deadline = Instant::now() + self.timeout;
         match self.mode {
             SslMode::Disable => self.plain(deadline).await,
@@ -288,7 +288,7 @@ impl Target {
     }
 
     /// Router options for `replica`, connecting as `connected` did and bounded in the same way.
-    pub fn router_options(
+    pub(crate) fn router_options(
         &self,
         replica: String,
         connected: &Connected,
@@ -307,7 +307,7 @@ impl Target {
         }
     }
 
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 }

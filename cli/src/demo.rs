@@ -9,7 +9,7 @@ use crate::conn::Target;
 use crate::error::CliError;
 use crate::output::out;
 
-pub async fn run(connection: &Connection) -> Result<(), CliError> {
+pub(crate) async fn run(connection: &Connection) -> Result<(), CliError> {
     // Without a URL the demo brings its own throwaway PostgreSQL, removed when it ends.
     let given = crate::commands::database_url(connection);
     let (_cluster, _database, url) = match given.clone() {

@@ -15,7 +15,7 @@ const UNITS: [(&str, u64); 5] = [
 
 /// Why a duration was refused; clap prints it after "invalid value '…' for '--option'".
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum DurationError {
+pub(crate) enum DurationError {
     #[error("not a duration: use a whole number and a unit (ms, s, m, h or d), e.g. 90s or 7d")]
     Malformed,
     #[error("too long: at most {max}")]
@@ -25,7 +25,7 @@ pub enum DurationError {
 }
 
 /// Parses `text` and checks it lies in `min..=max`.
-pub fn parse(text: &str, min: Duration, max: Duration) -> Result<Duration, DurationError> {
+pub(crate) fn parse(text: &str, min: Duration, max: Duration) -> Result<Duration, DurationError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -59,7 +59,7 @@ pub fn parse(text: &str, min: Duration, max: Duration) -> Result<Duration, Durat
 }
 
 /// `duration` in the largest unit that divides it, as the parser reads it back.
-pub fn show(duration: Duration) -> String {
+pub(crate) fn show(duration: Duration) -> String {
     let millis = duration.as_millis();
     for (name, length) in UNITS.iter().rev() {
         let length = u128::from(*length);
@@ -72,12 +72,12 @@ pub fn show(duration: Duration) -> String {
 
 /// `--retention`: up to 100 years (PostgreSQL intervals end near 178 million years, and no
 /// trash needs more).
-pub fn retention(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn retention(text: &str) -> Result<Duration, DurationError> {
     parse(text, Duration::ZERO, Duration::from_secs(36_500 * 86_400))
 }
 
 /// `--connect-timeout`: 1 ms to 1 hour.
-pub fn connect_timeout(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn connect_timeout(text: &str) -> Result<Duration, DurationError> {
     parse(text, Duration::from_millis(1), Duration::from_secs(3_600))
 }
 

@@ -10,7 +10,7 @@ use crate::duration;
 
 /// Every failure of a command. Usage errors are clap's own (exit status 2); these exit with 1.
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub(crate) enum CliError {
     #[error(
         "no database: pass --database-url postgres://user@host:port/database or set DATABASE_URL"
     )]
@@ -108,13 +108,13 @@ pub enum CliError {
 }
 
 impl CliError {
-    pub fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> CliError {
+    pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> CliError {
         let context = context.into();
         move |source| CliError::Database { context, source }
     }
 
     /// True when stdout was closed by its reader: the command stops without a word.
-    pub fn is_broken_pipe(&self) -> bool {
+    pub(crate) fn is_broken_pipe(&self) -> bool {
         matches!(self, CliError::Output(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
     }
 }
@@ -122,7 +122,7 @@ impl CliError {
 /// An error and what its cause chain adds: the server's message, detail, hint, SQLSTATE and
 /// context wherever a PostgreSQL error sits in the chain (tokio-postgres' own Display says only
 /// "db error", and refinery wraps it once more), else each cause's words.
-pub fn explain(error: &(dyn StdError + 'static)) -> String {
+pub(crate) fn explain(error: &(dyn StdError + 'static)) -> String {
     if let Some(db) = error
         .downcast_ref::<tokio_postgres::Error>()
         .and_then(tokio_postgres::Error::as_db_error)
@@ -155,7 +155,7 @@ pub fn explain(error: &(dyn StdError + 'static)) -> String {
 }
 
 /// The server's report, all of it that helps.
-pub fn describe_db(db: &DbError) -> String {
+pub(crate) fn describe_db(db: &DbError) -> String {
     let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
     if let Some(detail) = db.detail() {
         let _ = write!(text, "; detail: {detail}");

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::error::CliError;
 
 /// Prints one line on stdout.
-pub fn line(text: impl std::fmt::Display) -> Result<(), CliError> {
+pub(crate) fn line(text: impl std::fmt::Display) -> Result<(), CliError> {
     writeln!(std::io::stdout().lock(), "{text}")?;
     Ok(())
 }
@@ -25,12 +25,12 @@ macro_rules! out {
 pub(crate) use out;
 
 /// A warning on stderr; one that cannot be written is dropped (there is nowhere to say so).
-pub fn warn(text: &str) {
+pub(crate) fn warn(text: &str) {
     let _ = writeln!(std::io::stderr().lock(), "warning: {text}");
 }
 
 /// `value` as pretty JSON on stdout.
-pub fn json(value: &impl Serialize) -> Result<(), CliError> {
+pub(crate) fn json(value: &impl Serialize) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut stdout, value).map_err(|e| {
         if e.is_io() {
@@ -44,7 +44,7 @@ pub fn json(value: &impl Serialize) -> Result<(), CliError> {
 }
 
 /// Rows as an aligned text table, indented by two spaces; `(none)` when there are none.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> Result<(), CliError> {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> Result<(), CliError> {
     let widths: Vec<usize> = (0..header.len())
         .map(|i| {
             rows.iter()
@@ -75,7 +75,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> Result<(), CliError> {
 }
 
 /// `label: value` lines, labels right-aligned.
-pub fn fields(fields: &[(&str, String)]) -> Result<(), CliError> {
+pub(crate) fn fields(fields: &[(&str, String)]) -> Result<(), CliError> {
     let width = fields.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
     for (name, value) in fields {
         out!("{name:>width$}: {value}")?;
@@ -84,13 +84,13 @@ pub fn fields(fields: &[(&str, String)]) -> Result<(), CliError> {
 }
 
 /// An optional value as a table cell: empty when absent.
-pub fn cell(value: &Option<impl ToString>) -> String {
+pub(crate) fn cell(value: &Option<impl ToString>) -> String {
     value.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
 /// `pgtenant status --json`.
 #[derive(Debug, Serialize)]
-pub struct Status {
+pub(crate) struct Status {
     pub control_plane_version: i64,
     /// The newest control-plane version this pgtenant knows.
     pub supported_version: i64,
@@ -101,7 +101,7 @@ pub struct Status {
 
 /// One row of `pgtenant.replica_status`.
 #[derive(Debug, Serialize)]
-pub struct Replica {
+pub(crate) struct Replica {
     pub replica_id: String,
     pub alive: bool,
     pub lock_held: bool,
@@ -117,7 +117,7 @@ pub struct Replica {
 
 /// `pgtenant tenants --json`: a page, and where the next one starts.
 #[derive(Debug, Serialize)]
-pub struct TenantsPage {
+pub(crate) struct TenantsPage {
     pub tenants: Vec<pgtenant::admin::TenantRecord>,
     /// Pass as `--after` for the next page; null on the last page.
     pub next_after: Option<pgtenant::TenantId>,
@@ -125,7 +125,7 @@ pub struct TenantsPage {
 
 /// `pgtenant migrate --json`.
 #[derive(Debug, Serialize)]
-pub struct MigrateReport {
+pub(crate) struct MigrateReport {
     /// The version the migrations bring a tenant to.
     pub target_version: i64,
     /// Tenants that were behind when the run began.
@@ -139,7 +139,7 @@ pub struct MigrateReport {
 
 /// One tenant's result in `pgtenant migrate`.
 #[derive(Debug, Serialize)]
-pub struct TenantMigrated {
+pub(crate) struct TenantMigrated {
     pub tenant: String,
     #[serde(flatten)]
     pub outcome: Outcome,
@@ -148,7 +148,7 @@ pub struct TenantMigrated {
 /// What `pgtenant migrate` did to one tenant.
 #[derive(Debug, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Now at the migrations' version.
     Migrated { from: i64, to: i64 },
     /// Another live replica holds it: it migrates the tenant at its next open.
@@ -160,7 +160,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn is_failure(&self) -> bool {
+    pub(crate) fn is_failure(&self) -> bool {
         matches!(self, Outcome::Quarantined { .. } | Outcome::Failed { .. })
     }
 }

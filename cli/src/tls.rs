@@ -19,7 +19,7 @@ use crate::error::CliError;
 
 /// What the server's certificate is checked against.
 #[derive(Debug, Clone)]
-pub enum Verify {
+pub(crate) enum Verify {
     /// Nothing: encryption only.
     Nothing,
     /// Chains to a CA in this file (PEM); any host name.
@@ -29,7 +29,7 @@ pub enum Verify {
 }
 
 /// The connector for `verify`.
-pub fn connector(verify: &Verify) -> Result<MakeRustlsConnect, CliError> {
+pub(crate) fn connector(verify: &Verify) -> Result<MakeRustlsConnect, CliError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -73,7 +73,7 @@ fn webpki(
 
 /// What went wrong in a TLS handshake, when `error` is a TLS failure (and not, say, a refused
 /// TCP connection), in words that say what to do.
-pub fn failure(error: &tokio_postgres::Error) -> Option<String> {
+pub(crate) fn failure(error: &tokio_postgres::Error) -> Option<String> {
     let mut cause = std::error::Error::source(error);
     while let Some(inner) = cause {
         // tokio-rustls wraps rustls' error in an io::Error, whose source() skips it.

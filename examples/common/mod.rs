@@ -12,12 +12,12 @@ use pgtenant::{Router, TenantHandle, TenantId};
 use pgtenant_testkit::TestDatabase;
 
 /// How long a parked waiter waits for a handoff.
-pub const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time given to a waiter's first open attempt before checking it is parked.
-pub const PARK_SLEEP: Duration = Duration::from_millis(20);
+pub(crate) const PARK_SLEEP: Duration = Duration::from_millis(20);
 
 /// One timed handoff.
-pub struct HandoffSample {
+pub(crate) struct HandoffSample {
     /// The waiter's handle, at a higher epoch.
     pub new_handle: TenantHandle,
     /// From calling `handoff()` to `wait_for` returning the new handle.
@@ -30,7 +30,7 @@ pub struct HandoffSample {
 
 /// One handoff: the waiter parks in `wait_for`, then the holder hands off; the time runs from
 /// the start of `handoff()` to `wait_for` returning the new handle.
-pub async fn handoff_once(
+pub(crate) async fn handoff_once(
     waiter: &Arc<Router>,
     id: &TenantId,
     holder: &TenantHandle,
@@ -71,7 +71,7 @@ pub async fn handoff_once(
 }
 
 /// A fresh database on 127.0.0.1 with the control plane set up, and an admin connection.
-pub async fn fresh_database() -> (TestDatabase, Client) {
+pub(crate) async fn fresh_database() -> (TestDatabase, Client) {
     let db = TestDatabase::create().await.expect("test database");
     let url = db.url();
     assert!(
@@ -84,7 +84,7 @@ pub async fn fresh_database() -> (TestDatabase, Client) {
 }
 
 /// What a report says about the server it ran on.
-pub struct ServerInfo {
+pub(crate) struct ServerInfo {
     /// When the run started, by the server's clock (UTC, to the minute).
     pub date: String,
     /// `SELECT version()`.
@@ -94,7 +94,7 @@ pub struct ServerInfo {
 }
 
 /// The CPU's model name, from /proc/cpuinfo.
-pub fn cpu_model() -> Option<String> {
+pub(crate) fn cpu_model() -> Option<String> {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|text| {
@@ -106,7 +106,7 @@ pub fn cpu_model() -> Option<String> {
 }
 
 /// Reads [`ServerInfo`] from the server `admin` is connected to.
-pub async fn server_info(admin: &Client) -> ServerInfo {
+pub(crate) async fn server_info(admin: &Client) -> ServerInfo {
     let one = |sql: &'static str| async move {
         admin
             .query_one(sql, &[])
@@ -128,7 +128,7 @@ pub async fn server_info(admin: &Client) -> ServerInfo {
 }
 
 /// Median; the mean of the two middle values for an even count.
-pub fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -140,13 +140,13 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// [`median`] of durations.
-pub fn median_d(values: &[Duration]) -> Duration {
+pub(crate) fn median_d(values: &[Duration]) -> Duration {
     let secs: Vec<f64> = values.iter().map(Duration::as_secs_f64).collect();
     Duration::from_secs_f64(median(&secs))
 }
 
 /// Nearest-rank percentile (`p` in 0..=100).
-pub fn percentile_d(values: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile_d(values: &[Duration], p: f64) -> Duration {
     let mut v = values.to_vec();
     v.sort();
     let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
@@ -154,12 +154,12 @@ pub fn percentile_d(values: &[Duration], p: f64) -> Duration {
 }
 
 /// Milliseconds, for reports.
-pub fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
 /// Mebibytes, for reports.
-pub fn mib(bytes: i64) -> f64 {
+pub(crate) fn mib(bytes: i64) -> f64 {
     bytes as f64 / 1048576.0
 }
 
@@ -167,7 +167,7 @@ pub fn mib(bytes: i64) -> f64 {
 /// on the machine (the server: its backends, WAL writer, checkpointer…), from /proc, in
 /// seconds. /proc counts in USER_HZ ticks, 100 per second on every Linux ABI: 10 ms
 /// resolution, fine over rounds of seconds. `None` where /proc is not Linux's.
-pub fn cpu_seconds() -> Option<(f64, f64)> {
+pub(crate) fn cpu_seconds() -> Option<(f64, f64)> {
     fn ticks(stat: &str) -> Option<(String, u64)> {
         // comm is in parentheses and may hold spaces; the fields after it are space-separated.
         let open = stat.find('(')?;

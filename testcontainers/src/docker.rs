@@ -154,12 +154,14 @@ impl DockerOptions {
     /// Runs this image (`name[:tag]`, `registry:port/name:tag` or `name@sha256:…`); it must
     /// behave like the official `postgres` image (`POSTGRES_HOST_AUTH_METHOD`, arguments
     /// passed on to `postgres`, the ready line on stderr).
+    #[must_use]
     pub fn with_image(mut self, image: impl Into<String>) -> DockerOptions {
         self.image = image.into().trim().to_owned();
         self
     }
 
     /// Reaches the server this way.
+    #[must_use]
     pub fn with_network(mut self, network: DockerNetwork) -> DockerOptions {
         self.network = network;
         self

@@ -47,6 +47,10 @@
 //! # }
 //! ```
 #![deny(missing_docs)]
+#![allow(
+    unsafe_code,
+    reason = "libc calls only (kill, geteuid, getpwnam_r, atexit), each with its SAFETY comment"
+)]
 
 mod cluster;
 mod database;

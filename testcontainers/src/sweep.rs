@@ -26,7 +26,7 @@ fn sweep_temp_dirs() {
 
 /// The sweep of one parent directory (tests pass their own, so no concurrent sweep of the
 /// shared temp dir races them).
-fn sweep_temp_dirs_in(parent: &std::path::Path) {
+fn sweep_temp_dirs_in(parent: &Path) {
     let Ok(entries) = fs::read_dir(parent) else {
         return;
     };
@@ -143,12 +143,7 @@ mod tests {
     use crate::database::quote_ident;
     use crate::TestDatabase;
 
-    fn make_dir(
-        root: &std::path::Path,
-        name: &str,
-        owner: u32,
-        age: Duration,
-    ) -> std::path::PathBuf {
+    fn make_dir(root: &Path, name: &str, owner: u32, age: Duration) -> std::path::PathBuf {
         let dir = root.join(format!(
             "{TEMP_PREFIX}sweeptest-{}-{name}",
             std::process::id()

@@ -11,9 +11,9 @@ use pgtenant_testkit::TestDatabase;
 use tokio::sync::{mpsc, oneshot};
 
 /// Short leases so takeover tests finish quickly; margin and period leave room for jitter.
-pub const TTL: Duration = Duration::from_millis(1500);
+pub(crate) const TTL: Duration = Duration::from_millis(1500);
 
-pub async fn database() -> (TestDatabase, tokio_postgres::Client) {
+pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
     let db = TestDatabase::create().await.expect("test database");
     let mut client = db.connect().await.expect("connect");
     pgtenant::setup(&mut client).await.expect("setup");
@@ -21,7 +21,7 @@ pub async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub const CONTROL_PLANE: [(&str, &str); 4] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 4] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -41,7 +41,7 @@ pub const CONTROL_PLANE: [(&str, &str); 4] = [
 ];
 
 /// The names of the control-plane migrations from index `from` on, as setup reports them.
-pub fn migration_names(from: usize) -> Vec<String> {
+pub(crate) fn migration_names(from: usize) -> Vec<String> {
     CONTROL_PLANE[from..]
         .iter()
         .map(|(name, _)| (*name).to_owned())
@@ -50,7 +50,7 @@ pub fn migration_names(from: usize) -> Vec<String> {
 
 /// Sets up the control plane exactly as the release whose newest migration is `version` did:
 /// the same files, applied by refinery, so the next `pgtenant::setup` sees a real old database.
-pub async fn control_plane_at(client: &mut tokio_postgres::Client, version: usize) {
+pub(crate) async fn control_plane_at(client: &mut tokio_postgres::Client, version: usize) {
     client
         .batch_execute("CREATE SCHEMA IF NOT EXISTS pgtenant")
         .await
@@ -67,7 +67,7 @@ pub async fn control_plane_at(client: &mut tokio_postgres::Client, version: usiz
 /// The fencing the tests' routers use: `PGTENANT_TEST_FENCING=session|transaction` (inherited by
 /// replica child processes), else the default, which is session fencing on a direct server.
 /// `.ci/run` runs the lease and takeover tests once more with `transaction`.
-pub fn fencing() -> Fencing {
+pub(crate) fn fencing() -> Fencing {
     match std::env::var("PGTENANT_TEST_FENCING").as_deref() {
         Ok("session") => Fencing::Session,
         Ok("transaction") => Fencing::Transaction,
@@ -75,7 +75,7 @@ pub fn fencing() -> Fencing {
     }
 }
 
-pub fn options(url: &str, replica: &str) -> RouterOptions {
+pub(crate) fn options(url: &str, replica: &str) -> RouterOptions {
     RouterOptions::from_url(replica, url)
         .expect("url")
         .ttl(TTL)
@@ -86,23 +86,23 @@ pub fn options(url: &str, replica: &str) -> RouterOptions {
         .fencing(fencing())
 }
 
-pub async fn router(url: &str, replica: &str) -> Router {
+pub(crate) async fn router(url: &str, replica: &str) -> Router {
     Router::start(options(url, replica))
         .await
         .expect("router starts")
 }
 
-pub fn tenant(name: &str) -> TenantId {
+pub(crate) fn tenant(name: &str) -> TenantId {
     TenantId::new("acme", name).expect("valid id")
 }
 
 /// The ledger table every test writes: which epoch committed which sequence number, and the
 /// highest epoch already committed when the row was written (the history checker's witness).
-pub async fn create_log(handle: &TenantHandle) {
+pub(crate) async fn create_log(handle: &TenantHandle) {
     try_create_log(handle).await.expect("create log table");
 }
 
-pub async fn try_create_log(handle: &TenantHandle) -> pgtenant::Result<()> {
+pub(crate) async fn try_create_log(handle: &TenantHandle) -> pgtenant::Result<()> {
     handle
         .run(|tx| {
             Box::pin(async move {
@@ -123,7 +123,7 @@ const APPEND_SQL: &str = "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
      VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))";
 
 /// A single bigint from a read-only fenced query.
-pub async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
+pub(crate) async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
     handle
         .read(move |tx| {
             Box::pin(async move { Ok::<_, pgtenant::Error>(tx.query_one(sql, &[]).await?.get(0)) })
@@ -133,7 +133,7 @@ pub async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
 }
 
 /// Polls all the futures concurrently on this task, as concurrent callers would.
-pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+pub(crate) async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -154,7 +154,7 @@ pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output>
     outputs.into_iter().flatten().collect()
 }
 
-pub async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::Result<()> {
+pub(crate) async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::Result<()> {
     let epoch = handle.epoch();
     let writer = writer.to_owned();
     handle
@@ -169,7 +169,7 @@ pub async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::
 
 /// The test binary itself, re-run with one ignored test as entry point: a real, separate
 /// replica process the test can kill, pause and resume.
-pub struct ReplicaProcess {
+pub(crate) struct ReplicaProcess {
     child: Child,
     stdin: ChildStdin,
     lines: mpsc::UnboundedReceiver<String>,
@@ -179,7 +179,7 @@ pub struct ReplicaProcess {
 const PREFIX: &str = "@@ ";
 
 impl ReplicaProcess {
-    pub fn spawn(entry: &str, url: &str, replica: &str) -> ReplicaProcess {
+    pub(crate) fn spawn(entry: &str, url: &str, replica: &str) -> ReplicaProcess {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 entry,
@@ -216,29 +216,29 @@ impl ReplicaProcess {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// The next reply, or None when the process went away.
-    pub async fn reply(&mut self) -> Option<String> {
+    pub(crate) async fn reply(&mut self) -> Option<String> {
         tokio::time::timeout(Duration::from_secs(60), self.lines.recv())
             .await
             .expect("replica process answers within a minute")
     }
 
-    pub async fn ready(&mut self) {
+    pub(crate) async fn ready(&mut self) {
         let line = self.reply().await.expect("ready line");
         assert!(line.starts_with("ready"), "{line}");
     }
 
     /// Sends one command and returns its reply.
-    pub async fn request(&mut self, command: &str) -> Option<String> {
+    pub(crate) async fn request(&mut self, command: &str) -> Option<String> {
         self.send(command);
         self.reply().await
     }
 
-    pub fn send(&mut self, command: &str) {
+    pub(crate) fn send(&mut self, command: &str) {
         let _ = writeln!(self.stdin, "{command}");
         let _ = self.stdin.flush();
     }
@@ -251,16 +251,16 @@ impl ReplicaProcess {
         assert!(status.success(), "kill {signal}");
     }
 
-    pub fn kill(mut self) {
+    pub(crate) fn kill(mut self) {
         self.signal("-KILL");
         let _ = self.child.wait();
     }
 
-    pub fn pause(&self) {
+    pub(crate) fn pause(&self) {
         self.signal("-STOP");
     }
 
-    pub fn resume(&self) {
+    pub(crate) fn resume(&self) {
         self.signal("-CONT");
     }
 }
@@ -277,7 +277,7 @@ impl Drop for ReplicaProcess {
 /// Commands: `open <ledger>` → `opened <epoch>`; `write <ledger> <seq>` → `ok <seq> <epoch>`;
 /// `hold <ledger> <seq> <millis>` writes, then keeps the transaction open, then commits;
 /// `epoch <ledger>`. Failures answer `error <Variant> <message>`.
-pub fn child_main() {
+pub(crate) fn child_main() {
     let Ok(url) = std::env::var("PGTENANT_CHILD_URL") else {
         return; // run as an ordinary (ignored) test: nothing to do
     };
@@ -383,7 +383,7 @@ fn describe(error: &pgtenant::Error) -> String {
 }
 
 /// Starts work on `handle` that stays in flight until `release` fires; returns once it runs.
-pub async fn hold_work(
+pub(crate) async fn hold_work(
     handle: &TenantHandle,
 ) -> (
     oneshot::Sender<()>,
@@ -410,7 +410,7 @@ pub async fn hold_work(
 
 /// The uid and gid of the `postgres` user, which runs the test kit's servers and PgBouncer
 /// (they refuse to run as root), from /etc/passwd.
-pub fn postgres_user() -> (u32, u32) {
+pub(crate) fn postgres_user() -> (u32, u32) {
     let passwd = std::fs::read_to_string("/etc/passwd").expect("/etc/passwd");
     passwd
         .lines()

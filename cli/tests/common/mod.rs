@@ -8,14 +8,14 @@ use std::time::Duration;
 
 /// The binary under test. `PGTENANT_CLI_BIN` points the tests at another build, e.g. one of an
 /// older commit, to check that a test fails without the fix it covers.
-pub fn binary() -> PathBuf {
+pub(crate) fn binary() -> PathBuf {
     std::env::var_os("PGTENANT_CLI_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pgtenant")))
 }
 
 /// The command with `args`, in an environment free of the caller's PostgreSQL settings.
-pub fn command<I, S>(args: I) -> Command
+pub(crate) fn command<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -33,13 +33,13 @@ where
     command
 }
 
-pub fn pgtenant(args: &[&str]) -> Output {
+pub(crate) fn pgtenant(args: &[&str]) -> Output {
     command(args).output().expect("run pgtenant")
 }
 
 /// Runs `command`, killing it if it has not ended within `limit`: a test of a bound must not
 /// hang when the bound is missing. `None` when it had to be killed.
-pub async fn within(command: Command, limit: Duration) -> Option<Output> {
+pub(crate) async fn within(command: Command, limit: Duration) -> Option<Output> {
     let mut command = tokio::process::Command::from(command);
     command
         .stdin(Stdio::null())
@@ -54,7 +54,7 @@ pub async fn within(command: Command, limit: Duration) -> Option<Output> {
 }
 
 /// stdout and stderr together.
-pub fn text(output: &Output) -> String {
+pub(crate) fn text(output: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -64,7 +64,7 @@ pub fn text(output: &Output) -> String {
 
 /// Asserts the run failed (not a usage error, not a panic) and said `expected`.
 #[track_caller]
-pub fn assert_fails_saying(output: &Output, expected: &str) {
+pub(crate) fn assert_fails_saying(output: &Output, expected: &str) {
     let shown = text(output);
     assert_eq!(output.status.code(), Some(1), "{shown}");
     assert!(
@@ -76,7 +76,7 @@ pub fn assert_fails_saying(output: &Output, expected: &str) {
 
 /// Asserts clap refused the command line (exit status 2) and said `expected`.
 #[track_caller]
-pub fn assert_usage_error(output: &Output, expected: &str) {
+pub(crate) fn assert_usage_error(output: &Output, expected: &str) {
     let shown = text(output);
     assert_eq!(output.status.code(), Some(2), "{shown}");
     assert!(
@@ -87,14 +87,14 @@ pub fn assert_usage_error(output: &Output, expected: &str) {
 }
 
 /// `pgtenant setup` on `url`, which must succeed.
-pub fn setup(url: &str) {
+pub(crate) fn setup(url: &str) {
     let output = pgtenant(&["setup", "--database-url", url]);
     assert!(output.status.success(), "{}", text(&output));
 }
 
 /// JSON from a successful run.
 #[track_caller]
-pub fn json(args: &[&str]) -> serde_json::Value {
+pub(crate) fn json(args: &[&str]) -> serde_json::Value {
     let output = pgtenant(args);
     assert!(output.status.success(), "{}", text(&output));
     serde_json::from_slice(&output.stdout)
