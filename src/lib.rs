@@ -20,7 +20,7 @@
 //!   lease.
 //! * [`Router::subscribe`] streams typed [`Event`]s, [`Router::summary`] feeds a health
 //!   endpoint, and the [`metrics`](https://docs.rs/metrics) facade records counters and
-//!   timings (names, labels and units in [`metrics`](crate::metrics)).
+//!   timings (names, labels and units in [`metrics`]).
 //! * Operators use [`admin`] (and the `pgtenant` command): listing, the sweep, quarantines.
 //! * Every failure is an [`Error`]; [`Error::kind`] sorts it, [`Error::is_retryable`] separates
 //!   an unavailable database from everything else.
