@@ -36,6 +36,7 @@ async fn setup_twice_creates_once_then_does_nothing() {
             "V1__control_plane".to_owned(),
             "V2__owner_index_with_key".to_owned(),
             "V3__least_privilege_and_hygiene".to_owned(),
+            "V4__epoch_floor".to_owned(),
         ]
     );
     assert_eq!(first.version, supported_version());
@@ -69,7 +70,7 @@ async fn eight_concurrent_setups_on_a_fresh_database_all_succeed() {
         assert_eq!(report.version, supported_version());
         applied += report.applied.len();
     }
-    assert_eq!(applied, 3, "exactly one setup applies the three migrations");
+    assert_eq!(applied, 4, "exactly one setup applies the four migrations");
     assert_eq!(
         count(
             &client,
@@ -105,7 +106,8 @@ async fn a_control_plane_at_version_1_is_upgraded_in_place() {
         upgrade.applied,
         vec![
             "V2__owner_index_with_key".to_owned(),
-            "V3__least_privilege_and_hygiene".to_owned()
+            "V3__least_privilege_and_hygiene".to_owned(),
+            "V4__epoch_floor".to_owned()
         ]
     );
     let columns: String = client

@@ -337,7 +337,10 @@ async fn a_v2_control_plane_is_upgraded_under_a_running_replica_of_the_previous_
     let upgrade = pgtenant::setup(&mut admin).await.expect("upgrade to V3");
     assert_eq!(
         upgrade.applied,
-        vec!["V3__least_privilege_and_hygiene".to_owned()]
+        vec![
+            "V3__least_privilege_and_hygiene".to_owned(),
+            "V4__epoch_floor".to_owned()
+        ]
     );
     let at_upgrade = *acked.borrow();
     acked

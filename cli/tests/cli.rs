@@ -22,7 +22,7 @@ async fn setup_twice_then_status() {
     assert!(first.status.success(), "{}", text(&first));
     assert!(
         text(&first).contains(
-            "applied V1__control_plane, V2__owner_index_with_key, V3__least_privilege_and_hygiene"
+            "applied V1__control_plane, V2__owner_index_with_key, V3__least_privilege_and_hygiene, V4__epoch_floor"
         ),
         "{}",
         text(&first)
@@ -238,15 +238,16 @@ async fn status_points_an_outdated_control_plane_to_setup() {
     let status = pgtenant(&["status", "--database-url", url]);
     assert!(status.status.success(), "{}", text(&status));
     assert!(
-        text(&status).contains("control plane version 1: this pgtenant needs 3")
+        text(&status).contains("control plane version 1: this pgtenant needs 4")
             && text(&status).contains("pgtenant setup"),
         "{}",
         text(&status)
     );
     let upgrade = pgtenant(&["setup", "--database-url", url]);
     assert!(
-        text(&upgrade)
-            .contains("applied V2__owner_index_with_key, V3__least_privilege_and_hygiene"),
+        text(&upgrade).contains(
+            "applied V2__owner_index_with_key, V3__least_privilege_and_hygiene, V4__epoch_floor",
+        ),
         "{}",
         text(&upgrade)
     );

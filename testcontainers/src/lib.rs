@@ -53,6 +53,7 @@ mod database;
 #[cfg(feature = "docker")]
 mod docker;
 mod error;
+mod replication;
 mod sweep;
 
 use std::fmt;
@@ -66,6 +67,7 @@ pub use docker::{
     CONTAINER_LABEL, DEFAULT_IMAGE, IMAGE_ENV, NETWORK_ENV, REQUIRE_DOCKER_ENV,
 };
 pub use error::TestkitError;
+pub use replication::{Replication, StandbyPair};
 
 /// The environment variable that forces one [`Source`].
 pub const SOURCE_ENV: &str = "PGTENANT_TESTKIT";
