@@ -607,12 +607,11 @@ async fn heartbeat_until_end(
     }
 }
 
-/// Whether a heartbeat failed because its server cannot write at all: SQLSTATE 25006
-/// (read-only transaction, which is what a hot standby answers to a write) or pgtenant's own
-/// standby refusal.
+/// Whether a heartbeat failed because its server takes no writes: SQLSTATE 25006, what a hot
+/// standby answers to any write. Defence in depth: a lease session is opened on a primary only
+/// (`connect.rs`), PostgreSQL turns a primary into a standby only through a restart, which ends
+/// the session, and the session itself sets `default_transaction_read_only = off`; but a
+/// proxy that reconnects behind the session's back could land it on a standby.
 fn read_only(error: &Error) -> bool {
-    matches!(
-        error.sqlstate(),
-        Some("25006") | Some(crate::sqlstate::NOT_PRIMARY)
-    )
+    error.sqlstate() == Some("25006")
 }

@@ -39,6 +39,10 @@ const FLOOR_OF_TIMELINE_2: i64 = 1 << 40;
 /// How long a replica may take to serve again after the promotion before the test fails.
 const RECOVERY_BOUND: Duration = Duration::from_secs(30);
 
+/// How long the synchronous test leaves the database without a primary: a failover manager
+/// takes that long, or longer, to notice the crash before it promotes.
+const OUTAGE: Duration = Duration::from_secs(3);
+
 /// One acknowledged write: `ok` came back, so it committed (G4).
 #[derive(Debug, Clone)]
 struct Ack {
@@ -263,13 +267,14 @@ fn owners_by_epoch<'a>(
 
 /// A lease that will be lost: before the standby is cut off, `a` holds `ledger` and that is
 /// replicated; after, `a` releases it and `b` acquires it (the next epoch) and commits a write,
-/// acknowledged by the primary alone. Returns `b`'s epoch and handle.
+/// acknowledged by the primary alone. Returns the epoch replicated, `b`'s (lost) epoch and
+/// handle, and when the standby was cut off.
 async fn lose_a_handoff(
     pair: &StandbyPair,
     a: &Router,
     b: &Router,
     ledger: &str,
-) -> (i64, i64, TenantHandle) {
+) -> (i64, i64, TenantHandle, Instant) {
     let id = tenant(ledger);
     let first = a.open_or_create(&id).await.expect("a creates the ledger");
     create_log(&first).await;
@@ -279,12 +284,13 @@ async fn lose_a_handoff(
         .await
         .expect("the standby has a's lease");
     pair.detach_standby().await.expect("cut the standby off");
+    let detached = Instant::now();
     first.release().await.expect("a releases");
     let second = b.open(&id).await.expect("b acquires");
     append(&second, b.replica_id(), 2)
         .await
         .expect("b's write is acknowledged");
-    (replicated, second.epoch().get(), second)
+    (replicated, second.epoch().get(), second, detached)
 }
 
 /// Synchronous replication: replicas write under load, the primary crashes (`-m immediate`),
@@ -316,12 +322,37 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
     })
     .await;
     sleeper.pause();
+    // A replica with the library's default backoff (1 s, doubling to 30 s) through an outage
+    // as long as a failover manager's detection: only standbys answer meanwhile, so it keeps
+    // trying every second instead of backing off to 2, 4, 8 s.
+    let patient = Router::start(
+        options(&url, "sync-patient")
+            .reconnect_backoff(Duration::from_secs(1), Duration::from_secs(30)),
+    )
+    .await
+    .expect("a replica with the default backoff");
+    let held = patient
+        .open_or_create(&tenant("sync-patient"))
+        .await
+        .expect("it holds a tenant");
+    create_log(&held).await;
     let crashed = Instant::now();
     pair.stop_primary_immediate()
         .await
         .expect("crash the primary");
+    tokio::time::sleep(OUTAGE).await; // the outage itself, not a wait for anything
     pair.promote_standby().await.expect("promote the standby");
     let promoted = Instant::now();
+    let back = {
+        let patient = patient.clone();
+        tokio::spawn(async move {
+            let handle = open_when_back(&patient, &tenant("sync-patient")).await;
+            append(&handle, "sync-patient", 1)
+                .await
+                .expect("the patient replica commits again");
+            promoted.elapsed()
+        })
+    };
     let before: Vec<Ack> = lock(&acks)
         .iter()
         .filter(|ack| ack.at < crashed)
@@ -436,17 +467,27 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
         "{refused}"
     );
 
+    let patient_back = back.await.expect("the patient replica");
+    // Doubling from 1 s would have it try at 1, 3, 7 s after the crash: 3 s or more after a
+    // promotion at about OUTAGE; trying every second, it is back within about 1 s.
+    assert!(
+        patient_back < Duration::from_secs(2),
+        "the replica with the default backoff took {patient_back:?} after the promotion"
+    );
+
     let slowest = firsts.iter().max().copied().unwrap_or_default();
     println!(
-        "failover (synchronous): crash to promotion {:?}; promotion to the first commit by a \
-         reacquiring replica {:?}, to all 3 committing again {slowest:?}; acknowledged {} \
-         writes ({} before the crash), lost 0",
+        "failover (synchronous): crash to promotion {:?} ({OUTAGE:?} outage); promotion to the \
+         first commit by a reacquiring replica {:?}, to all 3 committing again {slowest:?} \
+         (first backoff 100 ms), with the default backoff (1 s) {patient_back:?}; acknowledged \
+         {} writes ({} before the crash), lost 0",
         promoted - crashed,
         firsts.iter().min().copied().unwrap_or_default(),
         acks.len(),
         before.len(),
     );
     taker.close().await;
+    patient.close().await;
 }
 
 /// Asynchronous replication: the same under load, with the standby cut off for a while before
@@ -470,9 +511,9 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
     .await;
     // From here on the primary acknowledges what the standby never receives, the handoff
     // of `async-handoff` from a to b included.
-    let (replicated, lost_epoch, b_handle) = lose_a_handoff(&pair, &a, &b, "async-handoff").await;
+    let (replicated, lost_epoch, b_handle, detached) =
+        lose_a_handoff(&pair, &a, &b, "async-handoff").await;
     ledgers.push("async-handoff".to_owned());
-    let detached = Instant::now();
     until("load after the standby is cut off", RECOVERY_BOUND, || {
         lock(&acks).iter().filter(|ack| ack.at > detached).count() >= 30
     })
@@ -657,7 +698,7 @@ async fn without_the_floor_a_lossy_failover_reissues_an_epoch_to_another_owner()
     let url = pair.url(&db);
     let a = Router::start(options(&url, "nofloor-a")).await.expect("a");
     let b = Router::start(options(&url, "nofloor-b")).await.expect("b");
-    let (_, lost_epoch, _b_handle) = lose_a_handoff(&pair, &a, &b, "nofloor").await;
+    let (_, lost_epoch, _b_handle, _) = lose_a_handoff(&pair, &a, &b, "nofloor").await;
     pair.stop_primary_immediate()
         .await
         .expect("crash the primary");
