@@ -134,6 +134,52 @@ fn drive(
     })
 }
 
+/// The child replicas' ledgers, with the epoch each was first opened at: an acknowledged
+/// write under that epoch was committed before the failover (its lease was lost in it), one
+/// under a higher epoch after it. Told apart by epoch, not by when the test read the reply,
+/// which can be late.
+struct Leases {
+    first: BTreeMap<String, i64>,
+}
+
+impl Leases {
+    fn ledgers(&self) -> Vec<String> {
+        self.first.keys().cloned().collect()
+    }
+
+    fn before_failover(&self, acks: &[Ack]) -> Vec<Ack> {
+        acks.iter()
+            .filter(|ack| self.first.get(&ack.ledger) == Some(&ack.epoch))
+            .cloned()
+            .collect()
+    }
+
+    fn after_failover<'a>(&self, acks: &'a [Ack], writer: &str) -> Vec<&'a Ack> {
+        acks.iter()
+            .filter(|ack| {
+                ack.writer == writer && self.first.get(&ack.ledger).is_some_and(|e| ack.epoch > *e)
+            })
+            .collect()
+    }
+
+    /// From `promoted` to `writer`'s first commit on a new lease.
+    fn back_after(&self, acks: &[Ack], writer: &str, promoted: Instant) -> Duration {
+        self.after_failover(acks, writer)
+            .iter()
+            .map(|ack| ack.at.saturating_duration_since(promoted))
+            .min()
+            .unwrap_or_default()
+    }
+
+    /// Whether every one of `writers` made `count` commits on new leases.
+    fn all_back(&self, acks: &Acks, writers: &[String], count: usize) -> bool {
+        let acks = lock(acks);
+        writers
+            .iter()
+            .all(|writer| self.after_failover(&acks, writer).len() >= count)
+    }
+}
+
 /// Spawns `count` child replicas named `{prefix}-{i}`, each owning two ledgers of its own.
 async fn start_writers(
     url: &str,
@@ -141,8 +187,8 @@ async fn start_writers(
     count: usize,
     acks: &Acks,
     stop: &watch::Receiver<bool>,
-) -> (Vec<String>, Vec<tokio::task::JoinHandle<ReplicaProcess>>) {
-    let mut all_ledgers = Vec::new();
+) -> (Leases, Vec<tokio::task::JoinHandle<ReplicaProcess>>) {
+    let mut first = BTreeMap::new();
     let mut tasks = Vec::new();
     for i in 0..count {
         let name = format!("{prefix}-{i}");
@@ -151,15 +197,15 @@ async fn start_writers(
         let ledgers = vec![format!("{name}-a"), format!("{name}-b")];
         for ledger in &ledgers {
             let reply = child.request(&format!("open {ledger}")).await.unwrap();
-            assert!(
-                reply.starts_with("opened"),
-                "{name} opens {ledger}: {reply}"
-            );
+            let epoch = reply
+                .strip_prefix("opened ")
+                .and_then(|epoch| epoch.parse().ok())
+                .unwrap_or_else(|| panic!("{name} opens {ledger}: {reply}"));
+            first.insert(ledger.clone(), epoch);
         }
-        all_ledgers.extend(ledgers.iter().cloned());
         tasks.push(drive(child, ledgers, acks.clone(), stop.clone()));
     }
-    (all_ledgers, tasks)
+    (Leases { first }, tasks)
 }
 
 /// Polls until `condition` holds (every 10 ms), or panics after `limit` saying `what`.
@@ -304,7 +350,8 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
     let url = pair.url(&db);
     let acks: Acks = Arc::default();
     let (stop_tx, stop) = watch::channel(false);
-    let (ledgers, writers) = start_writers(&url, "sync", 3, &acks, &stop).await;
+    let (leases, writers) = start_writers(&url, "sync", 3, &acks, &stop).await;
+    let ledgers = leases.ledgers();
 
     // A replica that will sleep through the failover with a lease it held before it.
     let mut sleeper = ReplicaProcess::spawn(CHILD, &url, "sync-sleeper");
@@ -353,34 +400,12 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
             promoted.elapsed()
         })
     };
-    let before: Vec<Ack> = lock(&acks)
-        .iter()
-        .filter(|ack| ack.at < crashed)
-        .cloned()
-        .collect();
-
     // Every replica commits again, each on a new lease.
     let writer_names: Vec<String> = (0..3).map(|i| format!("sync-{i}")).collect();
     until("every replica to commit again", RECOVERY_BOUND, || {
-        let acks = lock(&acks);
-        writer_names.iter().all(|name| {
-            acks.iter()
-                .filter(|ack| &ack.writer == name && ack.at > promoted)
-                .count()
-                >= 5
-        })
+        leases.all_back(&acks, &writer_names, 5)
     })
     .await;
-    let firsts: Vec<Duration> = writer_names
-        .iter()
-        .map(|name| {
-            lock(&acks)
-                .iter()
-                .find(|ack| &ack.writer == name && ack.at > promoted)
-                .map(|ack| ack.at - promoted)
-                .unwrap_or_default()
-        })
-        .collect();
 
     // The sleeper's tenant is taken over on the new primary; when the sleeper wakes, its
     // pre-failover handle cannot commit.
@@ -404,6 +429,11 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
     }
     drop(sleeper);
     let acks = lock(&acks).clone();
+    let before = leases.before_failover(&acks);
+    let firsts: Vec<Duration> = writer_names
+        .iter()
+        .map(|name| leases.back_after(&acks, name, promoted))
+        .collect();
 
     let mut client = connect(&pair.standby_url(&db)).await;
     assert_eq!(
@@ -480,7 +510,7 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
         "failover (synchronous): crash to promotion {:?} ({OUTAGE:?} outage); promotion to the \
          first commit by a reacquiring replica {:?}, to all 3 committing again {slowest:?} \
          (first backoff 100 ms), with the default backoff (1 s) {patient_back:?}; acknowledged \
-         {} writes ({} before the crash), lost 0",
+         {} writes ({} before the failover), lost 0",
         promoted - crashed,
         firsts.iter().min().copied().unwrap_or_default(),
         acks.len(),
@@ -501,7 +531,8 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
     let url = pair.url(&db);
     let acks: Acks = Arc::default();
     let (stop_tx, stop) = watch::channel(false);
-    let (mut ledgers, writers) = start_writers(&url, "async", 3, &acks, &stop).await;
+    let (leases, writers) = start_writers(&url, "async", 3, &acks, &stop).await;
+    let mut ledgers = leases.ledgers();
     let a = Router::start(options(&url, "async-a")).await.expect("a");
     let b = Router::start(options(&url, "async-b")).await.expect("b");
 
@@ -524,18 +555,13 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
         .expect("crash the primary");
     pair.promote_standby().await.expect("promote the standby");
     let promoted = Instant::now();
-    let mut before: Vec<Ack> = lock(&acks)
-        .iter()
-        .filter(|ack| ack.at < crashed)
-        .cloned()
-        .collect();
-    before.push(Ack {
+    let lost_handoff = Ack {
         ledger: "async-handoff".to_owned(),
         writer: "async-b".to_owned(),
         seq: 2,
         epoch: lost_epoch,
         at: crashed,
-    });
+    };
 
     // a, not b, takes the tenant back first: without the floor it would get b's epoch again.
     let again = open_when_back(&a, &tenant("async-handoff")).await;
@@ -548,13 +574,7 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
     );
     let writer_names: Vec<String> = (0..3).map(|i| format!("async-{i}")).collect();
     until("every replica to commit again", RECOVERY_BOUND, || {
-        let acks = lock(&acks);
-        writer_names.iter().all(|name| {
-            acks.iter()
-                .filter(|ack| &ack.writer == name && ack.at > promoted)
-                .count()
-                >= 5
-        })
+        leases.all_back(&acks, &writer_names, 5)
     })
     .await;
     let _ = stop_tx.send(true);
@@ -562,7 +582,13 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
         drop(writer.await.expect("writer task"));
     }
     let mut acks = lock(&acks).clone();
-    acks.extend(before.iter().filter(|ack| ack.writer == "async-b").cloned());
+    let mut before = leases.before_failover(&acks);
+    before.push(lost_handoff.clone());
+    let firsts: Vec<Duration> = writer_names
+        .iter()
+        .map(|name| leases.back_after(&acks, name, promoted))
+        .collect();
+    acks.push(lost_handoff);
     acks.push(Ack {
         ledger: "async-handoff".to_owned(),
         writer: "async-a".to_owned(),
@@ -570,16 +596,6 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
         epoch: again.epoch().get(),
         at: Instant::now(),
     });
-    let firsts: Vec<Duration> = writer_names
-        .iter()
-        .map(|name| {
-            acks.iter()
-                .find(|ack| &ack.writer == name && ack.at > promoted)
-                .map(|ack| ack.at - promoted)
-                .unwrap_or_default()
-        })
-        .collect();
-
     let mut client = connect(&pair.standby_url(&db)).await;
     let mut present = BTreeSet::new();
     let mut committed: Vec<(String, i64, String)> = Vec::new();
@@ -650,10 +666,17 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
         .iter()
         .filter(|ack| !present.contains(&(ack.ledger.clone(), ack.writer.clone(), ack.seq)))
         .collect();
+    let pre_failover: BTreeSet<(String, String, i64)> = before
+        .iter()
+        .map(|ack| (ack.ledger.clone(), ack.writer.clone(), ack.seq))
+        .collect();
     assert!(
-        lost.iter()
-            .all(|ack| ack.at < crashed + Duration::from_millis(1)),
-        "only writes acknowledged before the crash can be lost: {lost:?}"
+        lost.iter().all(|ack| pre_failover.contains(&(
+            ack.ledger.clone(),
+            ack.writer.clone(),
+            ack.seq
+        ))),
+        "only writes acknowledged before the failover can be lost: {lost:?}"
     );
     assert!(
         !lost.is_empty(),
@@ -662,7 +685,7 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
     println!(
         "failover (asynchronous, standby cut off {:?} before the crash): crash to promotion \
          {:?}; promotion to the first commit by a reacquiring replica {:?}, to all 3 committing \
-         again {:?}; acknowledged {} writes ({} before the crash), lost {} (all acknowledged \
+         again {:?}; acknowledged {} writes ({} before the failover), lost {} (acknowledged \
          after the cut-off); epochs of the handed-off tenant: {replicated} replicated, \
          {lost_epoch} lost, {} after the failover",
         crashed - detached,
