@@ -17,7 +17,8 @@
 //!    with the machine's own `initdb`/`postgres` binaries.
 //!
 //! `PGTENANT_TESTKIT=url|local|docker|initdb` forces exactly one of them.
-//! [`LocalCluster`] gives a test its own cluster, which it can stop and start.
+//! [`LocalCluster`] gives a test its own cluster, which it can stop and start;
+//! [`StandbyPair`] a primary with a streaming standby, to crash and fail over.
 //!
 //! ```no_run
 //! use pgtenant_testkit::TestDatabase;
