@@ -383,6 +383,20 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
         .await
         .expect("it holds a tenant");
     create_log(&held).await;
+    // A tenant forgotten before the failover, to be restored after it: restore names the new
+    // life's schema after the epoch it bumps to, which the floor sets.
+    let forgotten = patient
+        .open_or_create(&tenant("sync-restored"))
+        .await
+        .expect("a tenant to forget");
+    create_log(&forgotten).await;
+    append(&forgotten, "sync-patient", 1)
+        .await
+        .expect("a write before it is forgotten");
+    forgotten
+        .forget(pgtenant::ActiveWork::Refuse)
+        .await
+        .expect("forget");
     let crashed = Instant::now();
     pair.stop_primary_immediate()
         .await
@@ -416,6 +430,24 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
     append(&taken, "sync-taker", 1)
         .await
         .expect("the new owner commits");
+    let restored = taker
+        .restore(&tenant("sync-restored"))
+        .await
+        .expect("a tenant forgotten before the failover is restored after it");
+    assert!(
+        restored.epoch().get() >= FLOOR_OF_TIMELINE_2
+            && restored
+                .schema()
+                .contains(&format!("_{}_", restored.epoch())),
+        "restored at epoch {} as {}",
+        restored.epoch(),
+        restored.schema()
+    );
+    assert_eq!(
+        support::count_rows(&restored, "SELECT count(*) FROM log").await,
+        1,
+        "the restored life has its data"
+    );
     sleeper.resume();
     let late = sleeper.request("write sync-sleeper 2").await.unwrap();
     assert!(
