@@ -5,6 +5,21 @@
 //! tokio-postgres' own `connect_timeout` covers only the TCP connect, so a server that accepts
 //! and never answers would otherwise hold a connect forever. The connector's type is erased here
 //! so that the options and the router stay free of type parameters.
+//!
+//! **Several hosts, one primary.** Every connection pgtenant opens writes (the lease session
+//! registers and heartbeats, the data path runs fenced `READ WRITE` transactions), so each one
+//! must reach the primary. A connection string may list several hosts
+//! (`postgres://u@db1,db2/app?target_session_attrs=read-write`, as Patroni and managed
+//! services hand out): pgtenant tries them in order (shuffled with `load_balance_hosts=random`)
+//! and takes the first that is not a standby, read from the `in_hot_standby` status the server
+//! reports at startup (PostgreSQL 14+; `pg_is_in_recovery()` before that). It does not leave
+//! this to tokio-postgres' `target_session_attrs=read-write`, which tests
+//! `transaction_read_only`: pgtenant's data sessions are read-only by default (G6, a startup
+//! option), so that test would refuse every server, the primary included. With any
+//! `target_session_attrs` pgtenant skips standbys, since it could not work on one. Each host
+//! gets the connect bound of its own, as libpq's `connect_timeout` does, and an error names
+//! every host with what it answered. When a host that answered is a standby (a failover in
+//! progress), the error carries SQLSTATE [`NOT_PRIMARY`] (`PTP01`): retryable.
 
 use std::any::TypeId;
 use std::sync::Arc;
@@ -12,13 +27,16 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::config::Host;
+use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls, Socket};
+use tokio_postgres::{
+    AsyncMessage, CancelToken, Client, Config, NoTls, SimpleQueryMessage, Socket,
+};
 
 use crate::error::{Error, Result};
 use crate::handle::BoxFuture;
 use crate::options::RouterOptions;
+use crate::sqlstate::NOT_PRIMARY;
 
 /// Default bound on opening one connection: TCP connect, TLS, startup and authentication.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,10 +46,16 @@ pub(crate) type Messages = Box<
     dyn FnMut(&mut Context<'_>) -> Poll<Option<Result<AsyncMessage, tokio_postgres::Error>>> + Send,
 >;
 
-type Connect = dyn Fn(Config) -> BoxFuture<'static, Result<(Client, Messages), tokio_postgres::Error>>
-    + Send
-    + Sync;
-type MakeManager = dyn Fn(Config, ManagerConfig) -> Manager + Send + Sync;
+/// A connection just made: the client, its messages, and what the server reported as
+/// `in_hot_standby` at startup (None before PostgreSQL 14, which does not report it).
+struct Opened {
+    client: Client,
+    messages: Messages,
+    hot_standby: Option<bool>,
+}
+
+type Connect =
+    dyn Fn(Config) -> BoxFuture<'static, Result<Opened, tokio_postgres::Error>> + Send + Sync;
 type Cancel =
     dyn Fn(CancelToken) -> BoxFuture<'static, Result<(), tokio_postgres::Error>> + Send + Sync;
 
@@ -39,7 +63,6 @@ type Cancel =
 #[derive(Clone)]
 pub(crate) struct Connector {
     connect: Arc<Connect>,
-    manager: Arc<MakeManager>,
     cancel: Arc<Cancel>,
     /// For `Debug`: the connector's type name.
     name: &'static str,
@@ -58,18 +81,19 @@ impl Connector {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         let for_connect = tls.clone();
-        let for_manager = tls.clone();
         Connector {
             connect: Arc::new(move |config: Config| {
                 let tls = for_connect.clone();
                 Box::pin(async move {
                     let (client, mut connection) = config.connect(tls).await?;
+                    let hot_standby = connection.parameter("in_hot_standby").map(|v| v == "on");
                     let messages: Messages = Box::new(move |cx| connection.poll_message(cx));
-                    Ok((client, messages))
+                    Ok(Opened {
+                        client,
+                        messages,
+                        hot_standby,
+                    })
                 })
-            }),
-            manager: Arc::new(move |config, manager_config| {
-                Manager::from_config(config, for_manager.clone(), manager_config)
             }),
             cancel: Arc::new(move |token: CancelToken| {
                 let tls = tls.clone();
@@ -81,28 +105,71 @@ impl Connector {
         }
     }
 
-    /// Connects within the bound; the caller must drive the returned [`Messages`] until it
-    /// yields `None`. `purpose` says what the connection is for, in errors.
-    pub(crate) async fn connect(
-        &self,
-        config: Config,
-        purpose: &str,
-    ) -> Result<(Client, Messages)> {
-        let context = || format!("{purpose} ({})", target(&config));
-        match tokio::time::timeout(self.timeout, (self.connect)(config.clone())).await {
-            Ok(Ok(connected)) => Ok(connected),
-            Ok(Err(error)) => Err(Error::db_with(context)(error)),
-            Err(_) => Err(Error::ConnectTimeout {
-                context: context(),
-                timeout: self.timeout,
-            }),
+    /// Connects to the first of `config`'s hosts that is a primary, each host within the
+    /// bound; the caller must drive the returned [`Messages`] until it yields `None`. `purpose`
+    /// says what the connection is for, in errors.
+    pub(crate) async fn connect(&self, config: Config, purpose: &str) -> Result<Connected> {
+        match self.open_primary(&config).await {
+            Ok(connected) => Ok(connected),
+            Err(failures) => Err(explain(purpose, failures, self.timeout)),
         }
     }
 
-    /// A deadpool manager whose connections use this TLS setting (the pool bounds them, see
-    /// [`default_pool`]).
+    /// Tries the hosts in order; every failure, with its host, when none is a primary.
+    async fn open_primary(&self, config: &Config) -> std::result::Result<Connected, Vec<Failure>> {
+        let mut failures = Vec::new();
+        for host in hosts_in_order(config) {
+            let target = target(&host);
+            let opened =
+                match tokio::time::timeout(self.timeout, (self.connect)(host.clone())).await {
+                    Ok(Ok(opened)) => opened,
+                    Ok(Err(error)) => {
+                        failures.push(Failure::Failed(target, error));
+                        continue;
+                    }
+                    Err(_) => {
+                        failures.push(Failure::TimedOut(target));
+                        continue;
+                    }
+                };
+            let Opened {
+                client,
+                mut messages,
+                hot_standby,
+            } = opened;
+            let checked = tokio::time::timeout(
+                self.timeout,
+                while_driving(&mut messages, check_primary(&client, hot_standby, &target)),
+            )
+            .await;
+            match checked {
+                Ok(Some(Ok(()))) => {
+                    return Ok(Connected {
+                        client,
+                        messages,
+                        host,
+                    })
+                }
+                Ok(Some(Err(error))) if crate::sqlstate::of(&error) == Some(NOT_PRIMARY) => {
+                    failures.push(Failure::Standby(target, error));
+                }
+                Ok(Some(Err(error))) => failures.push(Failure::Failed(target, error)),
+                // The connection ended while it was checked: the check's own error says how,
+                // once the connection is gone.
+                Ok(None) => match client.simple_query("").await {
+                    Err(error) => failures.push(Failure::Failed(target, error)),
+                    Ok(_) => failures.push(Failure::TimedOut(target)),
+                },
+                Err(_) => failures.push(Failure::TimedOut(target)),
+            }
+        }
+        Err(failures)
+    }
+
+    /// A deadpool manager whose connections use this TLS setting and reach the primary among
+    /// the config's hosts (the pool bounds them, see [`default_pool`]).
     pub(crate) fn manager(&self, config: Config, manager_config: ManagerConfig) -> Manager {
-        (self.manager)(config, manager_config)
+        Manager::from_connect(config, PrimaryConnect(self.clone()), manager_config)
     }
 
     /// Sends a cancel request for the query running on `token`'s connection. A cancel request
@@ -129,11 +196,13 @@ pub(crate) fn default_pool(options: &RouterOptions) -> Result<Pool> {
         },
     );
     let bound = Some(options.connector.timeout);
+    // Each host gets the bound of its own: with the first one down, the next still has time.
+    let hosts = u32::try_from(hosts_in_order(&options.config).len().max(1)).unwrap_or(u32::MAX);
     Pool::builder(manager)
         .max_size(options.pool_size)
         .runtime(Runtime::Tokio1)
         .wait_timeout(bound)
-        .create_timeout(bound)
+        .create_timeout(Some(options.connector.timeout.saturating_mul(hosts)))
         .build()
         .map_err(|e| Error::InvalidOption {
             option: "pool_size",
@@ -164,6 +233,243 @@ pub(crate) fn target(config: &Config) -> String {
     }
 }
 
+/// A connection to the primary among a config's hosts.
+pub(crate) struct Connected {
+    pub(crate) client: Client,
+    pub(crate) messages: Messages,
+    /// The host it reached, as a config of its own: a second connection that must reach the
+    /// same server (the pooler probe) uses it, and error texts name it.
+    pub(crate) host: Config,
+}
+
+/// Why one host was not taken.
+enum Failure {
+    Failed(String, tokio_postgres::Error),
+    TimedOut(String),
+    /// A standby. The error is the server's own refusal, raised on it (SQLSTATE
+    /// [`NOT_PRIMARY`]), so that it travels where only a driver error can (the pool).
+    Standby(String, tokio_postgres::Error),
+}
+
+impl Failure {
+    fn is_standby(&self) -> bool {
+        matches!(self, Failure::Standby(..))
+    }
+}
+
+/// One error for a connect that took no host. With one host it is that host's error, as it
+/// was before several hosts were supported; with several, the context names each host and what
+/// it answered, and the error is the most telling one: a standby's (a failover in progress,
+/// retryable), else the last host's.
+fn explain(purpose: &str, mut failures: Vec<Failure>, bound: Duration) -> Error {
+    let last = failures.len().saturating_sub(1);
+    let summary: Vec<String> = failures
+        .iter()
+        .enumerate()
+        .map(|(i, failure)| match failure {
+            Failure::Standby(target, _) => format!("{target}: a standby"),
+            Failure::Failed(target, _) | Failure::TimedOut(target) if i == last => target.clone(),
+            Failure::Failed(target, error) => {
+                format!("{target}: {}", crate::error::DbCause(error))
+            }
+            Failure::TimedOut(target) => format!("{target}: no answer within {bound:?}"),
+        })
+        .collect();
+    let context = format!("{purpose} ({})", summary.join("; "));
+    let chosen = match failures.iter().rposition(Failure::is_standby) {
+        Some(at) => Some(failures.swap_remove(at)),
+        None => failures.pop(),
+    };
+    match chosen {
+        Some(Failure::Failed(_, source) | Failure::Standby(_, source)) => Error::Database {
+            context: context.into(),
+            source,
+        },
+        Some(Failure::TimedOut(_)) => Error::ConnectTimeout {
+            context,
+            timeout: bound,
+        },
+        None => Error::InvalidOption {
+            option: "config",
+            reason: "no host: set a host in the URL or config".to_owned(),
+        },
+    }
+}
+
+/// The deadpool side of [`Connector::open_primary`]: pooled connections reach the primary too.
+struct PrimaryConnect(Connector);
+
+impl deadpool_postgres::Connect for PrimaryConnect {
+    fn connect(
+        &self,
+        config: &Config,
+    ) -> BoxFuture<'_, Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>> {
+        let config = config.clone();
+        Box::pin(async move {
+            let mut failures = match self.0.open_primary(&config).await {
+                Ok(connected) => {
+                    return Ok((connected.client, tokio::spawn(drive(connected.messages))))
+                }
+                Err(failures) => failures,
+            };
+            let chosen = match failures.iter().rposition(Failure::is_standby) {
+                Some(at) => Some(failures.swap_remove(at)),
+                None => failures.pop(),
+            };
+            match chosen {
+                Some(Failure::Failed(_, error) | Failure::Standby(_, error)) => Err(error),
+                // Only timeouts: deadpool's create timeout (the bound times the number of
+                // hosts) ends this and reports it as such.
+                Some(Failure::TimedOut(_)) | None => std::future::pending().await,
+            }
+        })
+    }
+}
+
+/// `config`'s hosts, each as a config of its own (same user, database, TLS mode, options,
+/// timeouts and keepalives; `target_session_attrs=any`, since the primary check is ours), in
+/// the order to try them: as written, or shuffled with `load_balance_hosts=random`.
+pub(crate) fn hosts_in_order(config: &Config) -> Vec<Config> {
+    let count = config.get_hosts().len().max(config.get_hostaddrs().len());
+    let mut hosts: Vec<Config> = (0..count).map(|i| single_host(config, i)).collect();
+    if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+        use std::hash::{BuildHasher, Hasher};
+        // Random keys from the standard library, seeded per process: enough to spread load.
+        let mut seed = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+            | 1;
+        for i in (1..hosts.len()).rev() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let j = usize::try_from(seed % (i as u64 + 1)).unwrap_or(0);
+            hosts.swap(i, j);
+        }
+    }
+    hosts
+}
+
+/// Host number `index` of `config` as a config of its own. tokio-postgres can add hosts to a
+/// config but never remove one, so this builds a new config field by field; the unit test
+/// `a_single_host_config_keeps_every_setting` fails if tokio-postgres grows a field that this
+/// does not copy.
+fn single_host(config: &Config, index: usize) -> Config {
+    let mut one = Config::new();
+    if let Some(user) = config.get_user() {
+        one.user(user);
+    }
+    if let Some(password) = config.get_password() {
+        one.password(password);
+    }
+    if let Some(dbname) = config.get_dbname() {
+        one.dbname(dbname);
+    }
+    if let Some(options) = config.get_options() {
+        one.options(options);
+    }
+    if let Some(name) = config.get_application_name() {
+        one.application_name(name);
+    }
+    one.ssl_mode(config.get_ssl_mode())
+        .ssl_negotiation(config.get_ssl_negotiation());
+    match config.get_hosts().get(index) {
+        Some(Host::Tcp(name)) => {
+            one.host(name);
+        }
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => {
+            one.host_path(path);
+        }
+        None => {}
+    }
+    if let Some(address) = config.get_hostaddrs().get(index) {
+        one.hostaddr(*address);
+    }
+    let ports = config.get_ports();
+    if let Some(port) = ports.get(index).or(ports.first()) {
+        one.port(*port);
+    }
+    if let Some(timeout) = config.get_connect_timeout() {
+        one.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        one.tcp_user_timeout(*timeout);
+    }
+    one.keepalives(config.get_keepalives())
+        .keepalives_idle(config.get_keepalives_idle());
+    if let Some(interval) = config.get_keepalives_interval() {
+        one.keepalives_interval(interval);
+    }
+    if let Some(retries) = config.get_keepalives_retries() {
+        one.keepalives_retries(retries);
+    }
+    one.target_session_attrs(TargetSessionAttrs::Any)
+        .channel_binding(config.get_channel_binding())
+        .load_balance_hosts(config.get_load_balance_hosts());
+    one
+}
+
+/// Refuses a standby: `hot_standby` as the server reported it at startup, else (before
+/// PostgreSQL 14) asked. The refusal is raised by the standby itself, so that it is a driver
+/// error like any other: SQLSTATE [`NOT_PRIMARY`], naming the host and saying what to do.
+async fn check_primary(
+    client: &Client,
+    hot_standby: Option<bool>,
+    target: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let standby = match hot_standby {
+        Some(standby) => standby,
+        None => client
+            .simple_query("SELECT pg_catalog.pg_is_in_recovery()")
+            .await?
+            .iter()
+            .any(|message| match message {
+                SimpleQueryMessage::Row(row) => row.get(0) == Some("t"),
+                _ => false,
+            }),
+    };
+    if !standby {
+        return Ok(());
+    }
+    let literal = |text: &str| format!("'{}'", text.replace('\'', "''"));
+    let message = literal(&format!(
+        "{target} is a standby (in recovery), and pgtenant writes on every connection it opens"
+    ));
+    let hint = literal(
+        "list the primary among the connection's hosts (pgtenant skips standbys); during a \
+         failover, retry once a standby has been promoted",
+    );
+    client
+        .batch_execute(&format!(
+            "DO $pgtenant$ BEGIN RAISE EXCEPTION USING ERRCODE = '{NOT_PRIMARY}', \
+             MESSAGE = {message}, HINT = {hint}; END $pgtenant$"
+        ))
+        .await
+}
+
+/// Runs `work` while driving the connection behind `messages` (dropping what it yields: the
+/// connection is fresh and listens to nothing yet); None when the connection ended first.
+async fn while_driving<T>(
+    messages: &mut Messages,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        loop {
+            match messages(cx) {
+                Poll::Ready(Some(Ok(_))) => continue,
+                Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await
+}
+
 impl Default for Connector {
     fn default() -> Connector {
         Connector::new(NoTls)
@@ -177,9 +483,13 @@ impl std::fmt::Debug for Connector {
 }
 
 /// Drives `messages` to the end, dropping what it yields (for connections that LISTEN to
-/// nothing).
+/// nothing). It stops at the first error: after one, tokio-postgres refuses new requests but
+/// fails the ones in flight only when the connection is dropped, so polling on would leave a
+/// request sent just before the server vanished waiting for an answer that never comes
+/// (measured: a pooled connection to a primary stopped with `-m immediate` held its `BEGIN`
+/// for the whole 30 s `stuck_timeout`).
 pub(crate) async fn drive(mut messages: Messages) {
-    while std::future::poll_fn(|cx| messages(cx)).await.is_some() {}
+    while let Some(Ok(_)) = std::future::poll_fn(|cx| messages(cx)).await {}
 }
 
 /// The data-path connections' settings: read-only by default (G6: work that ends its fenced
@@ -258,8 +568,9 @@ mod tests {
     }
 
     /// Accepts TCP and never says a word. With `answer_first`, the first connection gets the
-    /// startup a server without TLS gives (SSLRequest refused, then AuthenticationOk,
-    /// BackendKeyData, ReadyForQuery), so a client connects and has a cancel token.
+    /// startup a server without TLS gives (SSLRequest refused, then AuthenticationOk, a
+    /// primary's `in_hot_standby`, BackendKeyData, ReadyForQuery), so a client connects and has
+    /// a cancel token.
     async fn server(answer_first: bool) -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -277,6 +588,7 @@ mod tests {
                 let mut reply = Vec::new();
                 for (tag, body) in [
                     (b'R', &0_u32.to_be_bytes()[..]),
+                    (b'S', &b"in_hot_standby\0off\0"[..]),
                     (b'K', &[0, 0, 0, 1, 0, 0, 0, 2][..]),
                     (b'Z', &b"I"[..]),
                 ] {
@@ -352,11 +664,74 @@ mod tests {
         let connector = bounded(Connector::new(
             tokio_postgres_rustls::MakeRustlsConnect::new(tls),
         ));
-        let (client, messages) = connector.connect(config(port), "test").await.unwrap();
+        let Connected {
+            client, messages, ..
+        } = connector.connect(config(port), "test").await.unwrap();
         tokio::spawn(drive(messages));
         let started = Instant::now();
         let error = connector.cancel(client.cancel_token()).await.err().unwrap();
         assert!(started.elapsed() < BOUND + SLACK, "{:?}", started.elapsed());
         assert!(matches!(error, Error::ConnectTimeout { .. }), "{error}");
+    }
+
+    /// Every host is tried, each within the bound of its own, and the error names each one
+    /// with what it answered (here: nothing, then a refused connection).
+    #[tokio::test]
+    async fn a_connect_tries_every_host_and_names_each() {
+        let silent = server(false).await;
+        let refused = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let mut both = config(silent);
+        both.host("127.0.0.1").port(refused);
+        let started = Instant::now();
+        let error = bounded(Connector::default())
+            .connect(both, "test")
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            started.elapsed() < 2 * BOUND + SLACK,
+            "{:?}",
+            started.elapsed()
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&format!("127.0.0.1:{silent}: no answer within"))
+                && text.contains(&format!("127.0.0.1:{refused}")),
+            "{text}"
+        );
+        assert!(error.is_retryable(), "{text}");
+    }
+
+    /// tokio-postgres can only add hosts to a config: each host's own config is rebuilt field
+    /// by field, and must keep every setting but the other hosts (and target_session_attrs,
+    /// which pgtenant checks itself). A field tokio-postgres adds and `single_host` does not
+    /// copy makes the configs differ here.
+    #[test]
+    fn a_single_host_config_keeps_every_setting() {
+        let url = "postgres://someone:secret@db1:5433,db2:5434/app?options=-c%20x%3Dy\
+                   &application_name=app&sslmode=require&sslnegotiation=direct\
+                   &hostaddr=10.0.0.1,10.0.0.2&connect_timeout=7&tcp_user_timeout=9\
+                   &keepalives=0&keepalives_idle=11&keepalives_interval=12\
+                   &keepalives_retries=13&target_session_attrs=read-write\
+                   &channel_binding=require&load_balance_hosts=disable";
+        let config: Config = url.replace(' ', "").parse().unwrap();
+        let hosts = hosts_in_order(&config);
+        assert_eq!(hosts.len(), 2);
+        for (i, (name, port, address)) in [("db1", 5433, "10.0.0.1"), ("db2", 5434, "10.0.0.2")]
+            .into_iter()
+            .enumerate()
+        {
+            let single: Config = url
+                .replace(' ', "")
+                .replace("db1:5433,db2:5434", &format!("{name}:{port}"))
+                .replace("10.0.0.1,10.0.0.2", address)
+                .replace("read-write", "any")
+                .parse()
+                .unwrap();
+            assert_eq!(hosts[i], single, "host {i}");
+        }
     }
 }

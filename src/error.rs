@@ -592,10 +592,15 @@ pub(crate) fn is_unavailable(error: &tokio_postgres::Error) -> bool {
             let code = code.code();
             // 08: connection exception; 53: insufficient resources (too many connections,
             // out of memory); 57P01-03: admin/crash shutdown, cannot connect now; 40001/40P01:
-            // serialization failure and deadlock, where the transaction can simply run again.
+            // serialization failure and deadlock, where the transaction can simply run again;
+            // PTP01: only a standby answered (a failover in progress: retry once one is
+            // promoted).
             code.starts_with("08")
                 || code.starts_with("53")
-                || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+                || matches!(
+                    code,
+                    "57P01" | "57P02" | "57P03" | "40001" | "40P01" | crate::sqlstate::NOT_PRIMARY
+                )
         }
     }
 }
@@ -620,7 +625,7 @@ fn causes<'a>(
 
 /// Renders what tokio-postgres' own Display leaves out: the server's SQLSTATE, message,
 /// detail and hint, or the I/O cause.
-struct DbCause<'a>(&'a tokio_postgres::Error);
+pub(crate) struct DbCause<'a>(pub(crate) &'a tokio_postgres::Error);
 
 impl fmt::Display for DbCause<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -139,9 +139,11 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         .get()
         .await
         .map_err(pool_error("restore a tenant"))?;
-    let current: i64 = client
+    // The epoch restore will bump to: pgtenant.next_epoch (V4) keeps it above every epoch of
+    // an older timeline, so after a failover it is not simply the current epoch + 1.
+    let next: i64 = client
         .query_opt(
-            "SELECT epoch FROM pgtenant.tenants WHERE key = $1",
+            "SELECT pgtenant.next_epoch(epoch) FROM pgtenant.tenants WHERE key = $1",
             &[&id.key()],
         )
         .await
@@ -157,7 +159,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
     let rows = loop {
         // The new life's name is derived for the epoch restore will bump to, which the
         // function checks; a taken name (a deliberate hash collision) moves to the next salt.
-        let name = id.schema_name_salted(current + 1, salt);
+        let name = id.schema_name_salted(next, salt);
         let terminate_ms = i64::from(crate::liveness::millis(crate::sessions::TERMINATE_TIMEOUT));
         let seal: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
             (&key, Type::TEXT),

@@ -84,7 +84,9 @@ pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
-pub use sqlstate::{FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN};
+pub use sqlstate::{
+    FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN, NOT_PRIMARY as SQLSTATE_NOT_PRIMARY,
+};
 pub use tenant_migrations::{MigrationOutcome, TenantMigration};
 
 /// The PostgreSQL driver pgtenant is built on, for the types work names (`Row`,

@@ -174,9 +174,15 @@ impl LeaseSession {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
-        let (client, mut messages) = options
+        // The first of the hosts that is a primary; `host` is that one alone, with the
+        // settings above, for the pooler probe (which must reach the same server) and errors.
+        let crate::connect::Connected {
+            client,
+            mut messages,
+            host,
+        } = options
             .connector
-            .connect(config.clone(), "open the lease session")
+            .connect(config, "open the lease session")
             .await?;
         let (tx, ended) = oneshot::channel();
         tokio::spawn(async move {
@@ -201,7 +207,7 @@ impl LeaseSession {
         // A server that finished the handshake can still stall here (a lock held by another
         // session, a server that stopped answering), and re-registration must not wait forever.
         let bound = options.connector.timeout;
-        let registered = tokio::time::timeout(bound, register(&client, &config, options)).await;
+        let registered = tokio::time::timeout(bound, register(&client, &host, options)).await;
         let (incarnation, secret, registered_at) = match registered {
             Ok(registered) => registered?,
             Err(_) => {
@@ -209,7 +215,7 @@ impl LeaseSession {
                     context: format!(
                         "register replica {} on its lease session ({})",
                         options.replica_id,
-                        crate::connect::target(&config)
+                        crate::connect::target(&host)
                     ),
                     timeout: bound,
                 })
@@ -278,9 +284,10 @@ impl LeaseSession {
 
 /// Configures a fresh lease session, probes it for a pooler, checks the control plane, takes
 /// the liveness lock and registers a new incarnation: (incarnation, when registration began).
+/// `host` is the one host the session reached.
 async fn register(
     client: &Client,
-    config: &tokio_postgres::Config,
+    host: &tokio_postgres::Config,
     options: &RouterOptions,
 ) -> Result<(i64, String, Instant)> {
     let idle = options.keepalive_idle;
@@ -300,7 +307,7 @@ async fn register(
 
     // Before the control plane is read: behind a transaction pooler the check below could
     // fail on a prepared statement the pooler lost, hiding the real cause.
-    probe_for_pooler(client, config, &options.connector).await?;
+    probe_for_pooler(client, host, &options.connector).await?;
     crate::control_plane::ensure_current(client).await?;
     let lock_key: i32 = client
         .query_one(
@@ -347,13 +354,19 @@ async fn register(
 /// Refuses a lease session that does not own its backend. Behind a transaction- or
 /// statement-mode pooler, a session's backend goes back to the pool after every statement; a
 /// direct connection (or session-mode pooling) has a backend of its own.
+/// `host` is the lease session's one host: with several in the connection string, the probe
+/// must reach the same server, or comparing backend pids would mean nothing.
 async fn probe_for_pooler(
     lease: &Client,
-    config: &tokio_postgres::Config,
+    host: &tokio_postgres::Config,
     connector: &Connector,
 ) -> Result<()> {
     const CONTEXT: &str = "probe the lease session for a pooler";
-    let (mut probe, messages) = connector.connect(config.clone(), CONTEXT).await?;
+    let crate::connect::Connected {
+        client: mut probe,
+        messages,
+        ..
+    } = connector.connect(host.clone(), CONTEXT).await?;
     let driver = tokio::spawn(crate::connect::drive(messages));
     let verdict = owns_its_backend(lease, &mut probe, CONTEXT).await;
     drop(probe);
@@ -524,6 +537,14 @@ pub(crate) async fn maintain(
             match opened {
                 Ok(session) => break session,
                 Err(error) => {
+                    // Only standbys answered: a failover is under way and a promotion is what
+                    // ends it, so keep trying at the first delay instead of doubling it, which
+                    // would add up to the longest delay (30 s by default) to the failover's
+                    // downtime. It costs one connection to a standby per replica per try.
+                    let failing_over = error.sqlstate() == Some(crate::sqlstate::NOT_PRIMARY);
+                    if failing_over {
+                        delay = first;
+                    }
                     warn!(%error, retry_in = ?delay, "re-registration failed");
                     let reason = error.to_string();
                     *lock(&shared.registration) = Some(RegistrationFailure {
@@ -589,6 +610,12 @@ async fn heartbeat_until_end(
             Ok(Ok(None)) => {
                 return SessionEnd::Lost("heartbeat found the incarnation expired or replaced")
             }
+            Ok(Err(error)) if read_only(&error) => {
+                // The server is (or became) a standby: no heartbeat can succeed there, and
+                // waiting a ttl for it would only delay re-registering on the primary.
+                warn!(%error, "heartbeat found the server read-only");
+                return SessionEnd::Lost("the lease session's server is read-only (a standby)");
+            }
             Ok(Err(error)) => {
                 warn!(%error, "heartbeat failed");
                 shared.emit(Event::RenewFailed {
@@ -608,4 +635,13 @@ async fn heartbeat_until_end(
             return SessionEnd::Lost("lease session unresponsive for a whole ttl");
         }
     }
+}
+
+/// Whether a heartbeat failed because its server takes no writes: SQLSTATE 25006, what a hot
+/// standby answers to any write. Defence in depth: a lease session is opened on a primary only
+/// (`connect.rs`), PostgreSQL turns a primary into a standby only through a restart, which ends
+/// the session, and the session itself sets `default_transaction_read_only = off`; but a
+/// proxy that reconnects behind the session's back could land it on a standby.
+fn read_only(error: &Error) -> bool {
+    error.sqlstate() == Some("25006")
 }

@@ -591,6 +591,15 @@ impl RouterOptions {
                 "keepalives_retries {retries} is outside 1..=127 (what the operating system takes)"
             ));
         }
+        if config.get_target_session_attrs() == tokio_postgres::config::TargetSessionAttrs::ReadOnly
+        {
+            return invalid(
+                "target_session_attrs=read-only: pgtenant writes on every connection it opens \
+                 (lease session, fenced transactions), so it always connects to the primary among \
+                 the hosts; use target_session_attrs=read-write (or leave it out)"
+                    .to_owned(),
+            );
+        }
         if config.get_ssl_mode() == SslMode::Require && !self.connector.encrypts {
             return Err(Error::InvalidOption {
                 option: "tls",

@@ -12,6 +12,10 @@ use crate::lease::Epoch;
 pub const FENCED: &str = "PTF01";
 /// Raised by the fence when the tenant was forgotten at or after the handle's epoch.
 pub const FORGOTTEN: &str = "PTF02";
+/// A connection pgtenant opened reached only standbys (in recovery): every host that answered
+/// is a standby, as during a failover before a standby is promoted. Retryable
+/// ([`Error::is_retryable`](crate::Error::is_retryable)); the message names the host.
+pub const NOT_PRIMARY: &str = "PTP01";
 /// `acquire`, `restore`: another live replica holds the tenant, or it is reserved for one
 /// (DETAIL: JSON with owner, epoch, expires_in_ms, reserved).
 pub(crate) const HELD: &str = "PTL01";

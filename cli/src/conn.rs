@@ -281,9 +281,22 @@ impl Target {
                 source: error,
             };
         }
+        let mut cause = explain(&error);
+        // tokio-postgres' words when target_session_attrs=read-write found no host that takes
+        // writes; it names only the last host, and not why a server would refuse writes.
+        if self.config.get_target_session_attrs()
+            == tokio_postgres::config::TargetSessionAttrs::ReadWrite
+            && cause.contains("database does not allow writes")
+        {
+            cause.push_str(
+                " (target_session_attrs=read-write: no host takes writes, so each one that \
+                 answered is a standby or read-only by default; list the primary among the \
+                 hosts, or during a failover retry once a standby has been promoted)",
+            );
+        }
         CliError::Connect {
             target: self.describe(),
-            cause: explain(&error),
+            cause,
         }
     }
 

@@ -22,7 +22,7 @@ async fn setup_twice_then_status() {
     assert!(first.status.success(), "{}", text(&first));
     assert!(
         text(&first).contains(
-            "applied V1__control_plane, V2__owner_index_with_key, V3__least_privilege_and_hygiene"
+            "applied V1__control_plane, V2__owner_index_with_key, V3__least_privilege_and_hygiene, V4__epoch_floor"
         ),
         "{}",
         text(&first)
@@ -247,8 +247,9 @@ async fn status_points_an_outdated_control_plane_to_setup() {
     );
     let upgrade = pgtenant(&["setup", "--database-url", url]);
     assert!(
-        text(&upgrade)
-            .contains("applied V2__owner_index_with_key, V3__least_privilege_and_hygiene"),
+        text(&upgrade).contains(
+            "applied V2__owner_index_with_key, V3__least_privilege_and_hygiene, V4__epoch_floor",
+        ),
         "{}",
         text(&upgrade)
     );

@@ -106,6 +106,15 @@ enum StartError {
     Failed(TestkitError),
 }
 
+/// How a new cluster's data directory is made.
+#[derive(Debug, Clone, Copy)]
+enum Populate {
+    /// `initdb`: a new, empty cluster.
+    Initdb,
+    /// `pg_basebackup -R` from the running server on this port: a streaming standby of it.
+    BaseBackup { primary_port: u16 },
+}
+
 impl From<TestkitError> for StartError {
     fn from(e: TestkitError) -> Self {
         StartError::Failed(e)
@@ -121,6 +130,26 @@ impl Cluster {
     pub(crate) async fn start_with(
         durability: Durability,
         settings: Vec<(String, String)>,
+    ) -> Result<Cluster, TestkitError> {
+        Cluster::create(durability, settings, Populate::Initdb).await
+    }
+
+    /// A streaming standby of `primary` (which must be running), made with `pg_basebackup -R`
+    /// and started on a free port of its own.
+    pub(crate) async fn start_standby_of(
+        primary: &Cluster,
+        settings: Vec<(String, String)>,
+    ) -> Result<Cluster, TestkitError> {
+        let populate = Populate::BaseBackup {
+            primary_port: primary.port(),
+        };
+        Cluster::create(Durability::Durable, settings, populate).await
+    }
+
+    async fn create(
+        durability: Durability,
+        settings: Vec<(String, String)>,
+        populate: Populate,
     ) -> Result<Cluster, TestkitError> {
         let bindir = find_bindir().map_err(TestkitError::Cluster)?;
         let run_as = run_as()?;
@@ -140,7 +169,10 @@ impl Cluster {
             ops: tokio::sync::Mutex::new(()),
             watchdog: Mutex::new(watchdog),
         };
-        cluster.initdb().await?;
+        match populate {
+            Populate::Initdb => cluster.initdb().await?,
+            Populate::BaseBackup { primary_port } => cluster.base_backup(primary_port).await?,
+        }
         let mut attempt = 1;
         loop {
             let port = free_port()?;
@@ -165,6 +197,11 @@ impl Cluster {
 
     pub(crate) fn port(&self) -> u16 {
         self.port.load(Ordering::SeqCst)
+    }
+
+    /// The temporary directory: `data/`, the socket, `postgres.log`.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub(crate) fn url(&self, database: &str) -> String {
@@ -227,6 +264,46 @@ impl Cluster {
                 .as_ref()
                 .map(|u| format!(" running as user {}", u.name))
                 .unwrap_or_default(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+
+    /// `pg_basebackup -R` of the server on `primary_port` into `data/`: the copy starts as a
+    /// standby (`standby.signal`) streaming from it (`primary_conninfo`).
+    async fn base_backup(&self, primary_port: u16) -> Result<(), TestkitError> {
+        let program = self.bindir.join("pg_basebackup");
+        let mut cmd = Command::new(&program);
+        cmd.arg("-D")
+            .arg(&self.data)
+            .args(["-h", "127.0.0.1", "-p", &primary_port.to_string()])
+            // -X stream: the WAL written during the copy comes along; -c fast: no waiting
+            // for a scheduled checkpoint; --no-sync: throwaway data, as with initdb.
+            .args([
+                "-U",
+                "postgres",
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ])
+            .env_remove("PGDATA")
+            .current_dir(&self.dir)
+            .stdin(Stdio::null());
+        self.drop_privileges(&mut cmd);
+        let output = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| TestkitError::Cluster(format!("pg_basebackup task failed: {e}")))?
+            .map_err(|e| TestkitError::io(format!("running {}", program.display()), e))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(TestkitError::Cluster(format!(
+            "{} from port {primary_port} failed ({}):\n{}{}",
+            program.display(),
+            output.status,
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         )))
@@ -363,6 +440,22 @@ impl Cluster {
             .map_err(|e| TestkitError::Cluster(format!("stop task failed: {e}")))?;
         status
             .map(|status| tracing::debug!(%status, port = self.port(), "stopped cluster"))
+            .map_err(|e| TestkitError::io("stopping postgres", e))
+    }
+
+    /// Immediate shutdown (`pg_ctl stop -m immediate`, SIGQUIT): every process exits at once,
+    /// without a checkpoint, as in a crash; the next start runs crash recovery. Returns once
+    /// postgres has exited; a no-op when it is not running.
+    pub(crate) async fn stop_immediate(&self) -> Result<(), TestkitError> {
+        let _op = self.ops.lock().await;
+        let Some(child) = lock(&self.postmaster).take() else {
+            return Ok(());
+        };
+        let status = tokio::task::spawn_blocking(move || stop_child(child, libc::SIGQUIT))
+            .await
+            .map_err(|e| TestkitError::Cluster(format!("stop task failed: {e}")))?;
+        status
+            .map(|status| tracing::debug!(%status, port = self.port(), "stopped cluster (immediate)"))
             .map_err(|e| TestkitError::io("stopping postgres", e))
     }
 
@@ -904,6 +997,13 @@ impl LocalCluster {
     /// returns once postgres has exited. Stopping a stopped cluster is a no-op.
     pub async fn stop(&self) -> Result<(), TestkitError> {
         self.inner.stop().await
+    }
+
+    /// Immediate shutdown (`-m immediate`): every server process exits at once, without a
+    /// checkpoint, as in a crash (clients see their connections reset); the next start runs
+    /// crash recovery. Returns once postgres has exited; a no-op when stopped.
+    pub async fn stop_immediate(&self) -> Result<(), TestkitError> {
+        self.inner.stop_immediate().await
     }
 
     /// Starts the stopped server again with the same data directory and

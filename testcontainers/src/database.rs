@@ -514,7 +514,7 @@ pub(crate) async fn connect_admin(admin: &Config) -> Result<Client, TestkitError
     }
 }
 
-fn new_name() -> String {
+pub(crate) fn new_name() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     format!(
         "{NAME_PREFIX}{}_{}_{}",

@@ -17,7 +17,8 @@
 //!    with the machine's own `initdb`/`postgres` binaries.
 //!
 //! `PGTENANT_TESTKIT=url|local|docker|initdb` forces exactly one of them.
-//! [`LocalCluster`] gives a test its own cluster, which it can stop and start.
+//! [`LocalCluster`] gives a test its own cluster, which it can stop and start;
+//! [`StandbyPair`] a primary with a streaming standby, to crash and fail over.
 //!
 //! ```no_run
 //! use pgtenant_testkit::TestDatabase;
@@ -57,6 +58,7 @@ mod database;
 #[cfg(feature = "docker")]
 mod docker;
 mod error;
+mod replication;
 mod sweep;
 
 use std::fmt;
@@ -70,6 +72,7 @@ pub use docker::{
     CONTAINER_LABEL, DEFAULT_IMAGE, IMAGE_ENV, NETWORK_ENV, REQUIRE_DOCKER_ENV,
 };
 pub use error::TestkitError;
+pub use replication::{Replication, StandbyPair};
 
 /// The environment variable that forces one [`Source`].
 pub const SOURCE_ENV: &str = "PGTENANT_TESTKIT";

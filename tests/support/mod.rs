@@ -21,7 +21,7 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 4] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 5] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -33,6 +33,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 4] = [
     (
         "V3__least_privilege_and_hygiene",
         include_str!("../../migrations/V3__least_privilege_and_hygiene.sql"),
+    ),
+    (
+        "V4__epoch_floor",
+        include_str!("../../migrations/V4__epoch_floor.sql"),
     ),
     (
         "V5__session_fencing",
