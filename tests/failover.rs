@@ -745,8 +745,8 @@ async fn without_the_floor_a_lossy_failover_reissues_an_epoch_to_another_owner()
     let primary = connect(&pair.primary_url(&db)).await;
     primary
         .batch_execute(
-            "CREATE OR REPLACE FUNCTION pgtenant.next_epoch(p_current bigint) RETURNS bigint
-             LANGUAGE sql AS $$ SELECT p_current + 1 $$",
+            "CREATE OR REPLACE FUNCTION pgtenant.epoch_floor() RETURNS bigint
+             LANGUAGE sql AS $$ SELECT 0::bigint $$",
         )
         .await
         .expect("remove the floor");
@@ -774,6 +774,59 @@ async fn without_the_floor_a_lossy_failover_reissues_an_epoch_to_another_owner()
         "without the floor: epoch {lost_epoch} was issued to nofloor-b before the failover and \
          to nofloor-a after it, and nofloor-b's handle committed beside nofloor-a's"
     );
+    a.close().await;
+    b.close().await;
+}
+
+/// A lost handoff leaves the promoted server showing the tenant at its previous owner's epoch,
+/// which a newer owner had superseded, with acknowledged writes, before the crash. A handle of
+/// that surviving epoch (a writer whose client-side checks did not stop it) is refused by the
+/// fence itself, in both variants, until the tenant is acquired again at or above the floor
+/// (V6: without the floor check in the fence, the stale commit passes).
+#[tokio::test]
+async fn the_fence_refuses_an_epoch_that_survived_a_lost_handoff() {
+    let (pair, db) = pair_with_control_plane(Replication::Asynchronous).await;
+    let url = pair.url(&db);
+    let a = Router::start(options(&url, "survivor-a")).await.expect("a");
+    let b = Router::start(options(&url, "survivor-b")).await.expect("b");
+    let (survived, lost, _b_handle, _) = lose_a_handoff(&pair, &a, &b, "survivor").await;
+    pair.stop_primary_immediate()
+        .await
+        .expect("crash the primary");
+    pair.promote_standby().await.expect("promote the standby");
+
+    let mut client = connect(&pair.standby_url(&db)).await;
+    let state = read_ledger(&client, "survivor").await;
+    assert_eq!(
+        (state.epoch, state.owner.as_deref()),
+        (survived, Some("survivor-a")),
+        "the handoff to b (epoch {lost}) was lost: a's epoch survived"
+    );
+    let refused = stale_commit(&mut client, "survivor", survived, state.lock_key)
+        .await
+        .expect_err("a handle of the surviving, superseded epoch committed after the failover");
+    assert_eq!(sqlstate(&refused), Some("PTF01"), "{refused}");
+    let message = refused.as_db_error().map(|db| db.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("before the database's last failover")),
+        "{message:?}"
+    );
+    let read = client
+        .query_one(
+            "SELECT pgtenant.fence_read($1, $2, $3, '0')",
+            &[&tenant("survivor").key(), &survived, &state.lock_key],
+        )
+        .await
+        .expect_err("the read fence passed a pre-failover epoch");
+    assert_eq!(sqlstate(&read), Some("PTF01"), "{read}");
+    // Acquired again, the tenant is served at the floor and its writes commit.
+    let again = open_when_back(&a, &tenant("survivor")).await;
+    assert!(again.epoch().get() >= FLOOR_OF_TIMELINE_2);
+    append(&again, a.replica_id(), 3)
+        .await
+        .expect("a writes after reacquiring");
     a.close().await;
     b.close().await;
 }

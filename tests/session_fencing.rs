@@ -342,3 +342,72 @@ async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_f
     append(&handle, "lenient", 1).await.unwrap();
     router.close().await;
 }
+
+/// A data connection binds only to an incarnation whose lease session is alive: once the lease
+/// session is gone (killed, or lost with the server in a failover), its replica row outlives it
+/// by up to a ttl, and no acquirer needs to seal an incarnation that holds nothing. V6's bind
+/// requires the liveness lock held by the registering backend; before, this bind passed.
+#[tokio::test]
+async fn a_connection_cannot_bind_to_an_incarnation_whose_lease_session_is_gone() {
+    let (db, admin) = database().await;
+    let lease = db.connect().await.unwrap();
+    let lease_pid: i32 = lease
+        .query_one(
+            "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock(pgtenant.lock_namespace(), \
+             pgtenant.replica_lock_key('gone'))) l",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let row = lease
+        .query_one(
+            "SELECT incarnation, secret FROM pgtenant.register('gone', 60000, NULL)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (incarnation, secret): (i64, String) = (row.get(0), row.get(1));
+    lease
+        .execute(
+            "SELECT pgtenant.declare_session_fencing('gone', $1, $2)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .unwrap();
+    let bind = "SELECT pgtenant.bind('gone', $1, $2)";
+    let data = db.connect().await.unwrap();
+    data.query_one(bind, &[&incarnation, &secret])
+        .await
+        .expect("a live incarnation binds");
+
+    drop(lease);
+    // The server ends the backend (and frees its lock) once it reads the disconnect.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(&admin, &[lease_pid]).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the lease session's backend did not exit"
+        );
+        tokio::task::yield_now().await;
+    }
+    let heartbeat_left: bool = admin
+        .query_one(
+            "SELECT expires_at > clock_timestamp() FROM pgtenant.replicas WHERE replica_id = 'gone'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(heartbeat_left, "the row outlives the session");
+    let other = db.connect().await.unwrap();
+    let refused = other
+        .query_one(bind, &[&incarnation, &secret])
+        .await
+        .expect_err("a connection bound to an incarnation whose lease session is gone");
+    assert_eq!(
+        refused.code().map(|code| code.code()),
+        Some("PTE02"),
+        "{refused}"
+    );
+}

@@ -21,7 +21,7 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 5] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 6] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -41,6 +41,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 5] = [
     (
         "V5__session_fencing",
         include_str!("../../migrations/V5__session_fencing.sql"),
+    ),
+    (
+        "V6__fence_floor",
+        include_str!("../../migrations/V6__fence_floor.sql"),
     ),
 ];
 
