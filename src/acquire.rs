@@ -17,13 +17,14 @@ use tokio_postgres::Row;
 use tracing::{info, warn, Instrument};
 
 use crate::control;
+use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{Acquired, HandleInner, TenantHandle};
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
 use crate::liveness::{Credentials, FREE_CHANNEL};
-use crate::replica::{lock, pool_error, Shared};
+use crate::replica::{lock, Shared};
 use crate::sqlstate::{self, Scope};
 use crate::tenant_migrations::{after_failed_migration, give_back, migrate_existing};
 

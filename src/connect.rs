@@ -34,9 +34,9 @@ use tokio_postgres::{
 };
 
 use crate::error::{Error, Result};
-use crate::handle::BoxFuture;
 use crate::options::RouterOptions;
 use crate::sqlstate::NOT_PRIMARY;
+use crate::BoxFuture;
 
 /// Default bound on opening one connection: TCP connect, TLS, startup and authentication.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -521,7 +521,7 @@ pub(crate) async fn check_read_only(pool: &Pool) -> Result<()> {
     let client = pool
         .get()
         .await
-        .map_err(crate::replica::pool_error("check the data-path pool"))?;
+        .map_err(crate::error::pool_error("check the data-path pool"))?;
     let reset_value: String = client
         .query_typed_one(
             "SELECT reset_val FROM pg_settings WHERE name = 'default_transaction_read_only'",

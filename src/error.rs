@@ -511,7 +511,29 @@ impl From<deadpool_postgres::PoolError> for Error {
     /// Lets `?` carry a pool error out of code that uses
     /// [`Router::pool`](crate::Router::pool) directly.
     fn from(error: deadpool_postgres::PoolError) -> Self {
-        crate::replica::pool_error("get a pooled connection")(error)
+        pool_error("get a pooled connection")(error)
+    }
+}
+
+/// Maps a pool failure to [`Error`]: a connection that could not be made carries the driver's
+/// error, a full or closed pool says so.
+pub(crate) fn pool_error(
+    context: &'static str,
+) -> impl FnOnce(deadpool_postgres::PoolError) -> Error {
+    move |error| match error {
+        deadpool_postgres::PoolError::Backend(source) => Error::db(context)(source),
+        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Create) => {
+            Error::Pool {
+                context: context.to_owned(),
+                reason: "the database did not finish a new connection (TCP, TLS, startup, \
+                         authentication) within RouterOptions::connect_timeout"
+                    .to_owned(),
+            }
+        }
+        other => Error::Pool {
+            context: context.to_owned(),
+            reason: other.to_string(),
+        },
     }
 }
 

@@ -21,10 +21,11 @@ use std::sync::Arc;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Statement, Transaction};
 
+use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::handle::{BoxFuture, CancelOnForget, HandleInner, InFlight};
-use crate::replica::pool_error;
+use crate::handle::{CancelOnForget, HandleInner, InFlight};
 use crate::sqlstate;
+use crate::BoxFuture;
 
 /// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
 /// search_path + the marker cursor). Both forms take (key, epoch, lock key, idle ms) and

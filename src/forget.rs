@@ -11,12 +11,13 @@ use tracing::info;
 
 use crate::acquire::install_handle;
 use crate::control;
+use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{Acquired, ActiveWork, HandleInner, TenantHandle};
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
-use crate::replica::{pool_error, Shared};
+use crate::replica::Shared;
 use crate::sqlstate::{self, Scope};
 use crate::tenant_migrations::{after_failed_migration, migrate_existing};
 

@@ -3,8 +3,6 @@
 //! voluntary end waits for, and the public methods, which delegate to their protocol's file:
 //! `fence.rs` (fenced transactions), `release.rs` (release, handoff, abandon), `forget.rs`.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -19,10 +17,7 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::liveness::Credentials;
 use crate::replica::Shared;
-
-/// A boxed, sendable future: what work passed to [`TenantHandle::run`] returns
-/// (`|tx| Box::pin(async move { … })`).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+use crate::BoxFuture;
 
 pub(crate) struct HandleInner {
     pub(crate) id: TenantId,

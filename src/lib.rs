@@ -79,7 +79,11 @@ pub use control_plane::{setup, setup_url};
 pub use error::{Error, ErrorKind, Result};
 pub use event::Event;
 pub use fence::{TenantConnection, TenantTransaction, Tx};
-pub use handle::{ActiveWork, BoxFuture, TenantHandle};
+pub use handle::{ActiveWork, TenantHandle};
+
+/// A boxed, sendable future: what work passed to [`TenantHandle::run`] returns
+/// (`|tx| Box::pin(async move { … })`).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};

@@ -19,6 +19,7 @@ use tokio::sync::broadcast;
 use tracing::warn;
 
 use crate::control;
+use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{HandleInner, TenantHandle};
@@ -26,7 +27,7 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState, Journal};
 use crate::liveness::{millis, Credentials, Notice, HANDOFF_CHANNEL};
 use crate::options::{validate_replica_id, HandoffPolicy};
-use crate::replica::{lock, pool_error, Shared};
+use crate::replica::{lock, Shared};
 use crate::sqlstate;
 
 /// At most this many releases per transaction: keeps row locks and the statement small.

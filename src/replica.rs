@@ -146,7 +146,7 @@ impl Shared {
             .pool
             .get()
             .await
-            .map_err(pool_error("check a handoff target"))?;
+            .map_err(crate::error::pool_error("check a handoff target"))?;
         let alive: Option<bool> = client
             .query_typed_opt(
                 "SELECT alive FROM pgtenant.replica_liveness WHERE replica_id = $1",
@@ -190,28 +190,6 @@ impl Shared {
         for handle in lost {
             handle.mark_lost(reason);
         }
-    }
-}
-
-/// Maps a pool failure to [`Error`]: a connection that could not be made carries the driver's
-/// error, a full or closed pool says so.
-pub(crate) fn pool_error(
-    context: &'static str,
-) -> impl FnOnce(deadpool_postgres::PoolError) -> Error {
-    move |error| match error {
-        deadpool_postgres::PoolError::Backend(source) => Error::db(context)(source),
-        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Create) => {
-            Error::Pool {
-                context: context.to_owned(),
-                reason: "the database did not finish a new connection (TCP, TLS, startup, \
-                         authentication) within RouterOptions::connect_timeout"
-                    .to_owned(),
-            }
-        }
-        other => Error::Pool {
-            context: context.to_owned(),
-            reason: other.to_string(),
-        },
     }
 }
 

@@ -11,6 +11,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tracing::{instrument, warn, Instrument};
 
+use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::{HandleInner, TenantHandle};
@@ -18,7 +19,7 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState, Incarnation, TenantState};
 use crate::liveness::{begin_incarnation, maintain, LeaseSession};
 use crate::options::{Fencing, RouterOptions};
-use crate::replica::{join_all, lock, pool_error, Shared, EVENT_BUFFER};
+use crate::replica::{join_all, lock, Shared, EVENT_BUFFER};
 use crate::tenant_migrations::TenantMigration;
 
 /// A replica's entry point to its tenants. Cheap to clone: every clone is the same replica.

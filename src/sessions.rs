@@ -21,11 +21,12 @@ use deadpool_postgres::{Object, Pool, StatementCache};
 use tokio_postgres::types::Type;
 
 use crate::control;
+use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::lease::Incarnation;
 use crate::liveness::{millis, Credentials};
 use crate::options::{Fencing, RouterOptions};
-use crate::replica::{lock, pool_error};
+use crate::replica::lock;
 use crate::sqlstate;
 
 /// Seals the tenant's dead or expired owner incarnation and terminates its data sessions, in the

@@ -11,6 +11,7 @@ use tokio_postgres::Transaction;
 use tracing::warn;
 
 use crate::control;
+use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handle::HandleInner;
@@ -18,7 +19,7 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, Journal};
 use crate::liveness::Credentials;
 use crate::migrate::InTransaction;
-use crate::replica::{join_all, lock, pool_error, Shared};
+use crate::replica::{join_all, lock, Shared};
 
 /// refinery's history table, unqualified: it resolves to the tenant schema through the
 /// transaction's pinned search_path, so each tenant records its own migrations.
