@@ -26,7 +26,7 @@ use crate::lease::{Epoch, HandleState};
 use crate::liveness::{Credentials, FREE_CHANNEL};
 use crate::replica::{lock, Shared};
 use crate::sqlstate::{self, Scope};
-use crate::tenant_migrations::{after_failed_migration, give_back, migrate_existing};
+use crate::tenant_migrations::{after_failed_migration, give_back, migrate_held};
 
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
 const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine";
@@ -331,19 +331,7 @@ async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Te
     let mut migrated_from = None;
     if version < code {
         let lease = (epoch, answer.lock_key);
-        let migrated =
-            migrate_existing(shared, &mut client, id, lease, &credentials, &schema).await;
-        if let Err(error) = migrated {
-            return Err(after_failed_migration(
-                shared,
-                &client,
-                id,
-                Some(epoch),
-                &credentials,
-                error,
-            )
-            .await);
-        }
+        migrate_held(shared, &mut client, id, lease, &credentials, &schema).await?;
         shared.emit(Event::Migrated {
             tenant: id.clone(),
             epoch,

@@ -19,7 +19,7 @@ use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
 use crate::replica::Shared;
 use crate::sqlstate::{self, Scope};
-use crate::tenant_migrations::{after_failed_migration, migrate_existing};
+use crate::tenant_migrations::migrate_held;
 
 /// How often `forget(ActiveWork::Cancel)` repeats its cancel requests while work remains.
 const CANCEL_REPEAT: Duration = Duration::from_millis(50);
@@ -208,19 +208,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         (i64::from(version) < shared.options.code_version()).then_some(i64::from(version));
     if migrated_from.is_some() {
         let lease = (epoch, lock_key);
-        let migrated =
-            migrate_existing(shared, &mut client, id, lease, &credentials, &schema).await;
-        if let Err(error) = migrated {
-            return Err(after_failed_migration(
-                shared,
-                &client,
-                id,
-                Some(epoch),
-                &credentials,
-                error,
-            )
-            .await);
-        }
+        migrate_held(shared, &mut client, id, lease, &credentials, &schema).await?;
     }
     drop(client);
     info!(%epoch, %schema, "restored");

@@ -104,6 +104,25 @@ pub(crate) async fn migrate_existing(
     tx.commit().await.map_err(Error::db_with(context))
 }
 
+/// [`migrate_existing`] under a lease this replica holds; when it fails, the tenant is
+/// quarantined (a migration failed) or the lease given back (anything else), as
+/// [`after_failed_migration`] does.
+pub(crate) async fn migrate_held(
+    shared: &Shared,
+    client: &mut deadpool_postgres::Object,
+    id: &TenantId,
+    lease: (Epoch, i32),
+    credentials: &Credentials,
+    schema: &str,
+) -> Result<()> {
+    match migrate_existing(shared, client, id, lease, credentials, schema).await {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            Err(after_failed_migration(shared, client, id, Some(lease.0), credentials, error).await)
+        }
+    }
+}
+
 /// A migration that failed quarantines the tenant (which also ends the lease); any other
 /// failure just gives the lease back. `epoch` is None for a creation, which rolled back whole.
 pub(crate) async fn after_failed_migration(
@@ -305,13 +324,10 @@ async fn migrate_one(
         let lease = (inner.epoch, inner.lock_key);
         let credentials = &inner.credentials;
         let migrated =
-            migrate_existing(shared, &mut client, id, lease, credentials, &inner.schema).await;
+            migrate_held(shared, &mut client, id, lease, credentials, &inner.schema).await;
         return match migrated {
             Ok(()) => MigrationOutcome::Migrated { from, to: code },
-            Err(error) => failed(
-                after_failed_migration(shared, &client, id, Some(inner.epoch), credentials, error)
-                    .await,
-            ),
+            Err(error) => failed(error),
         };
     }
     match crate::acquire::open(shared, id, false).await {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use pgtenant::{Error, Router, TenantHandle, TenantId};
 use pgtenant_testkit::{Replication, StandbyPair};
-use support::{append, create_log, options, tenant, ReplicaProcess};
+use support::{append, create_log, options, register_by_hand, tenant, ReplicaProcess};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
@@ -831,33 +831,6 @@ async fn the_fence_refuses_an_epoch_that_survived_a_lost_handoff() {
     b.close().await;
 }
 
-/// Takes replica `raw`'s liveness lock on this session and registers it, as a lease session
-/// does: (incarnation, secret).
-async fn register_raw(client: &Client) -> (i64, String) {
-    let lock_key: i32 = client
-        .query_one("SELECT pgtenant.replica_lock_key('raw')", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let locked: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock(pgtenant.lock_namespace(), $1)",
-            &[&lock_key],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(locked, "the liveness lock");
-    let row = client
-        .query_one(
-            "SELECT incarnation, secret FROM pgtenant.register('raw', 60000, NULL)",
-            &[],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1))
-}
-
 /// Incarnation numbers are re-issued after a lossy failover too: a registration the standby
 /// never saw is lost, and the replica's next one gets the same number. The secret issued with
 /// each registration is what keeps a survivor of the lost incarnation from acting for the new
@@ -867,11 +840,11 @@ async fn register_raw(client: &Client) -> (i64, String) {
 async fn a_lossy_failover_reissues_an_incarnation_but_not_its_secret() {
     let (pair, db) = pair_with_control_plane(Replication::Asynchronous).await;
     let lease = connect(&pair.primary_url(&db)).await;
-    let (first, _) = register_raw(&lease).await;
+    let (first, _) = register_by_hand(&lease, "raw").await;
     pair.wait_for_standby().await.unwrap();
     pair.detach_standby().await.unwrap();
     // Registered again and acquiring, on the primary alone.
-    let (lost, lost_secret) = register_raw(&lease).await;
+    let (lost, lost_secret) = register_by_hand(&lease, "raw").await;
     assert_eq!(lost, first + 1);
     lease
         .query_one(
@@ -885,7 +858,7 @@ async fn a_lossy_failover_reissues_an_incarnation_but_not_its_secret() {
     drop(lease);
 
     let session = connect(&pair.standby_url(&db)).await;
-    let (reissued, secret) = register_raw(&session).await;
+    let (reissued, secret) = register_by_hand(&session, "raw").await;
     assert_eq!(
         reissued, lost,
         "the promoted server issues the lost incarnation number again"

@@ -271,20 +271,7 @@ async fn a_v2_control_plane_is_upgraded_under_a_running_replica_of_the_previous_
 
     // The previous release's replica, speaking its own SQL.
     let lease = db.connect().await.expect("lease session");
-    let lock_key: i32 = lease
-        .query_one("SELECT pgtenant.replica_lock_key('old')", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let locked: bool = lease
-        .query_one(
-            "SELECT pg_try_advisory_lock(pgtenant.lock_namespace(), $1)",
-            &[&lock_key],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(locked);
+    support::take_liveness_lock(&lease, "old").await;
     let incarnation: i64 = lease
         .query_one(
             "SELECT incarnation FROM pgtenant.register('old', 60000, NULL)",

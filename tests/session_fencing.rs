@@ -352,22 +352,11 @@ async fn a_connection_cannot_bind_to_an_incarnation_whose_lease_session_is_gone(
     let (db, admin) = database().await;
     let lease = db.connect().await.unwrap();
     let lease_pid: i32 = lease
-        .query_one(
-            "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock(pgtenant.lock_namespace(), \
-             pgtenant.replica_lock_key('gone'))) l",
-            &[],
-        )
+        .query_one("SELECT pg_backend_pid()", &[])
         .await
         .unwrap()
         .get(0);
-    let row = lease
-        .query_one(
-            "SELECT incarnation, secret FROM pgtenant.register('gone', 60000, NULL)",
-            &[],
-        )
-        .await
-        .unwrap();
-    let (incarnation, secret): (i64, String) = (row.get(0), row.get(1));
+    let (incarnation, secret) = support::register_by_hand(&lease, "gone").await;
     lease
         .execute(
             "SELECT pgtenant.declare_session_fencing('gone', $1, $2)",

@@ -390,6 +390,33 @@ fn describe(error: &pgtenant::Error) -> String {
     format!("error {variant} {error}")
 }
 
+/// Takes replica `replica`'s liveness lock on this session, as a lease session does.
+pub(crate) async fn take_liveness_lock(client: &tokio_postgres::Client, replica: &str) {
+    let locked: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock(pgtenant.lock_namespace(), pgtenant.replica_lock_key($1))",
+            &[&replica],
+        )
+        .await
+        .expect("take the liveness lock")
+        .get(0);
+    assert!(locked, "the liveness lock of {replica} is free");
+}
+
+/// Registers `replica` by hand on this session (its liveness lock first), as a lease session
+/// of this release does: (incarnation, secret), with a 60 s ttl.
+pub(crate) async fn register_by_hand(client: &tokio_postgres::Client, replica: &str) -> (i64, String) {
+    take_liveness_lock(client, replica).await;
+    let row = client
+        .query_one(
+            "SELECT incarnation, secret FROM pgtenant.register($1, 60000, NULL)",
+            &[&replica],
+        )
+        .await
+        .expect("register");
+    (row.get(0), row.get(1))
+}
+
 /// Starts work on `handle` that stays in flight until `release` fires; returns once it runs.
 pub(crate) async fn hold_work(
     handle: &TenantHandle,
