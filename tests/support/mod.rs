@@ -405,7 +405,10 @@ pub(crate) async fn take_liveness_lock(client: &tokio_postgres::Client, replica:
 
 /// Registers `replica` by hand on this session (its liveness lock first), as a lease session
 /// of this release does: (incarnation, secret), with a 60 s ttl.
-pub(crate) async fn register_by_hand(client: &tokio_postgres::Client, replica: &str) -> (i64, String) {
+pub(crate) async fn register_by_hand(
+    client: &tokio_postgres::Client,
+    replica: &str,
+) -> (i64, String) {
     take_liveness_lock(client, replica).await;
     let row = client
         .query_one(
