@@ -179,8 +179,10 @@ async fn session_settings_role_and_authorization_do_not_cross_tenants() {
     let (router, one, two) = two_tenants_one_connection(&db).await;
     let login = text(&two, "SELECT session_user::text").await;
 
-    work(&one, "SET statement_timeout = 1").await;
-    work(&two, "SELECT pg_sleep(0.05)").await;
+    // Long enough that one's own COMMIT (also a statement) finishes under a loaded CI machine
+    // (1 ms failed there), short enough that two's sleep would be cancelled if it leaked.
+    work(&one, "SET statement_timeout = '500ms'").await;
+    work(&two, "SELECT pg_sleep(0.7)").await;
     assert_eq!(text(&two, "SHOW statement_timeout").await, "0");
 
     work(&one, "SET application_name = 'leaked'").await;
