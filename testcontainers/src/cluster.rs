@@ -231,6 +231,8 @@ impl Cluster {
             base_url: self.url("postgres"),
             container_id: None,
             _keep: Some(self),
+            workers: Vec::new(),
+            coordinator_port: None,
         }
     }
 
@@ -752,7 +754,7 @@ fn lookup_user(name: &str) -> Option<(u32, u32)> {
 }
 
 /// The directory holding `initdb` and `postgres`, searched once per process.
-fn find_bindir() -> Result<PathBuf, String> {
+pub(crate) fn find_bindir() -> Result<PathBuf, String> {
     static BINDIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BINDIR.get_or_init(search_bindir).clone()
 }
