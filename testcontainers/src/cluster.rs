@@ -350,6 +350,12 @@ impl Cluster {
         for (name, value) in &self.settings {
             cmd.arg("-c").arg(format!("{name}={value}"));
         }
+        if self.run_as.is_some() {
+            // The server runs as another user than the test: the test's HOME is not its own
+            // (libpq in the server, e.g. Citus' connections to its workers, reads
+            // ~/.postgresql/ and fails on a directory it may not read).
+            cmd.env("HOME", &self.dir);
+        }
         cmd.env_remove("PGDATA")
             .current_dir(&self.dir)
             .stdin(Stdio::null())
