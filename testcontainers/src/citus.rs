@@ -29,9 +29,11 @@ pub const INSTALL_CITUS_HINT: &str =
 pub const DEFAULT_WORKERS: usize = 2;
 
 /// Server settings every Citus node starts with (after the test kit's own).
-const NODE_SETTINGS: [(&str, &str); 3] = [
+const NODE_SETTINGS: [(&str, &str); 4] = [
     ("shared_preload_libraries", "citus"),
     ("max_prepared_transactions", "100"),
+    // citus_schema_move / citus_move_shard_placement copy shards online by logical replication.
+    ("wal_level", "logical"),
     // The cluster-wide default of citus-cluster.sh: whoever creates a schema decides.
     ("citus.enable_schema_based_sharding", "off"),
 ];
