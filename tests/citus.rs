@@ -682,7 +682,30 @@ async fn a_schema_move_under_write_load_loses_nothing_and_leaves_the_lease_alone
         .await
         .unwrap();
     let missing: Vec<_> = acked.iter().filter(|seq| !present.contains(seq)).collect();
-    assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
+    if !missing.is_empty() {
+        // Where did they go? The old placement's shard is dropped only later (deferred).
+        let by_node: Vec<String> = client
+            .query(
+                "SELECT nodeport::text || ': ' || coalesce(result, '') FROM run_command_on_workers(
+                     format('SELECT string_agg(seq::text, '','' ORDER BY seq) FROM %s.log_%s
+                              WHERE seq > (SELECT max(seq) - 40 FROM %s.log_%s)',
+                            $1::text, (SELECT shardid FROM pg_dist_shard
+                                        WHERE logicalrelid = ($1::text || '.log')::regclass),
+                            $1::text, (SELECT shardid FROM pg_dist_shard
+                                        WHERE logicalrelid = ($1::text || '.log')::regclass)))",
+                &[&schema],
+            )
+            .await
+            .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+            .unwrap_or_else(|e| vec![format!("{e:?}")]);
+        println!("the last rows of each placement: {by_node:?}");
+    }
+    assert!(
+        missing.is_empty(),
+        "acknowledged but missing after the move: {missing:?} of {} acknowledged, {} present",
+        acked.len(),
+        present.len()
+    );
     assert_eq!(
         count_rows(
             &handle,
