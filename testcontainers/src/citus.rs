@@ -92,7 +92,8 @@ impl CitusCluster {
             .iter()
             .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
             .collect();
-        let starts = (0..=workers).map(|_| Cluster::start_with(Durability::Fast, settings.clone()));
+        let starts =
+            (0..=workers).map(|_| Cluster::start_with(Durability::Durable, settings.clone()));
         let mut nodes = Vec::with_capacity(workers + 1);
         for started in futures_join_all(starts).await {
             nodes.push(Arc::new(started?));
