@@ -236,9 +236,10 @@ pub(crate) fn split_statements(sql: &str) -> Vec<&str> {
                     at += 1;
                 }
                 let word = &sql[word_start..at];
-                if words[1].eq_ignore_ascii_case("begin") && word.eq_ignore_ascii_case("atomic") {
-                    atomic_depth += 1;
-                } else if atomic_depth > 0 && word.eq_ignore_ascii_case("case") {
+                let opens_atomic =
+                    words[1].eq_ignore_ascii_case("begin") && word.eq_ignore_ascii_case("atomic");
+                let opens_case = atomic_depth > 0 && word.eq_ignore_ascii_case("case");
+                if opens_atomic || opens_case {
                     atomic_depth += 1;
                 } else if atomic_depth > 0 && word.eq_ignore_ascii_case("end") {
                     atomic_depth -= 1;
