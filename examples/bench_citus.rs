@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use pgtenant::postgres::types::{ToSql, Type};
 use pgtenant::postgres::NoTls;
 use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
 use pgtenant_testkit::{CitusCluster, LocalCluster, TestDatabase};
@@ -114,11 +115,13 @@ async fn pinned_insert(pool: &Pool, schema: &str, n: i64) -> bool {
         return false;
     };
     let path = format!("{schema}, pg_temp");
-    let pin_params: [&(dyn pgtenant::postgres::types::ToSql + Sync); 1] = [&path];
-    let insert_params: [&(dyn pgtenant::postgres::types::ToSql + Sync); 1] = [&n];
+    // query_typed: Parse, Bind and Execute in one go, so the INSERT is parsed after the
+    // search_path is set (a prepare would resolve `entries` before).
+    let pin_params: [(&(dyn ToSql + Sync), Type); 1] = [(&path, Type::TEXT)];
+    let insert_params: [(&(dyn ToSql + Sync), Type); 1] = [(&n, Type::INT8)];
     let (pinned, inserted) = tokio::join!(
-        tx.execute("SELECT set_config('search_path', $1, true)", &pin_params),
-        tx.execute("INSERT INTO entries VALUES ('bench', $1)", &insert_params),
+        tx.query_typed("SELECT set_config('search_path', $1, true)", &pin_params),
+        tx.query_typed("INSERT INTO entries VALUES ('bench', $1)", &insert_params),
     );
     pinned.is_ok() && inserted.is_ok() && tx.commit().await.is_ok()
 }
