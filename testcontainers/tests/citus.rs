@@ -14,7 +14,9 @@ async fn a_citus_cluster_places_a_distributed_schema_on_a_worker_and_cleans_up_e
     let cluster = Arc::new(CitusCluster::start(1).await.expect("cluster"));
     assert_eq!(cluster.worker_ports().len(), 1);
     let db = cluster.create_database().await.expect("database");
-    assert!(db.url().contains(&format!(":{}/", cluster.coordinator_port())));
+    assert!(db
+        .url()
+        .contains(&format!(":{}/", cluster.coordinator_port())));
     let client = db.connect().await.expect("connect");
     let workers: i64 = client
         .query_one("SELECT count(*) FROM citus_get_active_worker_nodes()", &[])
