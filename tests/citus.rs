@@ -270,6 +270,30 @@ async fn tenant_schemas_are_distributed_and_creation_with_migrations_is_atomic()
         1,
         "the migrations ran"
     );
+    // Fenced writes commit with one-phase commit: Citus commits the worker's transaction
+    // before the coordinator's own commit, which releases the fence lock, so an acquisition
+    // that moves the epoch waits for the worker's commit (README "Citus"). Two-phase commits
+    // leave a row each in pg_dist_transaction until recovery; these leave none.
+    let two_phase = "SELECT count(*) FROM pg_dist_transaction";
+    let before = one_i64(&client, two_phase).await;
+    for id in 2..22_i64 {
+        handle
+            .run(move |tx| {
+                Box::pin(async move {
+                    tx.execute("INSERT INTO accounts VALUES ($1, 'x')", &[&id])
+                        .await?;
+                    Ok::<_, Error>(())
+                })
+            })
+            .await
+            .expect("fenced write");
+    }
+    let after = one_i64(&client, two_phase).await;
+    // (Recovery may remove earlier records meanwhile, never add any.)
+    assert!(
+        after <= before,
+        "fenced writes used two-phase commit: {before} -> {after} records"
+    );
 
     // A creation whose second migration fails: quarantined, nothing left on any node.
     let failing = Router::start(
