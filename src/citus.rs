@@ -114,17 +114,19 @@ pub(crate) async fn localize_control_plane(client: &impl GenericClient) -> Resul
             .await
             .map_err(Error::db("undistribute the control plane's schema"))?;
     }
-    let tables: Vec<String> = client
+    let context = "look for Citus tables in the control plane";
+    let tables = client
         .query(
             "SELECT logicalrelid::regclass::text FROM pg_dist_partition
               WHERE logicalrelid::regclass::text LIKE 'pgtenant.%'",
             &[],
         )
         .await
-        .map_err(Error::db("look for Citus tables in the control plane"))?
+        .map_err(Error::db(context))?
         .iter()
-        .map(|row| row.get(0))
-        .collect();
+        .map(|row| row.try_get::<_, String>(0))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Error::db(context))?;
     for table in tables {
         tracing::warn!(%table, "a control-plane table was a Citus table: making it local");
         client
