@@ -763,6 +763,19 @@ async fn a_schema_move_under_write_load_loses_nothing_and_leaves_the_lease_alone
     assert!(next.epoch() > epoch);
     let stale = append(&handle, "mover", -1).await;
     assert!(stale.is_err(), "the superseded handle commits nothing");
+    // And in the database itself, past every local check: a transaction under the old epoch
+    // that writes the moved table is refused by the coordinator's fence and commits nothing.
+    let mut raw = db.connect().await.expect("connect");
+    let tx = raw.transaction().await.unwrap();
+    let refused = tx
+        .query_one("SELECT pgtenant.fence($1, $2)", &[&id.key(), &epoch.get()])
+        .await
+        .expect_err("a superseded epoch passes no fence");
+    assert_eq!(
+        refused.code().map(|code| code.code()),
+        Some(pgtenant::SQLSTATE_FENCED)
+    );
+    drop(tx);
     append(&next, "successor", 1)
         .await
         .expect("the new owner writes");
