@@ -433,6 +433,12 @@ async fn create_once(
     let epoch = answer.epoch;
     tracing::Span::current().record("epoch", epoch.get());
     let schema = id.schema_name_salted(epoch.get(), salt);
+    // On Citus this transaction decides whether the schema is distributed (see citus.rs).
+    if let Some(sharding) = shared.placement.sharding() {
+        tx.execute(crate::citus::SHARDING_SQL, &[&sharding])
+            .await
+            .map_err(Error::db_with(context))?;
+    }
     // The name is derived from a validated id: [a-z0-9_] only, so it needs no quoting.
     tx.batch_execute(&format!("CREATE SCHEMA {schema}"))
         .await
@@ -443,7 +449,7 @@ async fn create_once(
     )
     .await
     .map_err(Error::db_with(context))?;
-    crate::tenant_migrations::apply(&tx, &shared.options.migrations).await?;
+    crate::tenant_migrations::apply(&tx, &shared.options.migrations, shared.placement).await?;
     let version = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
     let epoch_value = epoch.get();
     tx.query_typed(

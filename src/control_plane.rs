@@ -141,6 +141,11 @@ async fn check_role(client: &Client, option: &'static str, role: &str) -> Result
 /// migration leaves nothing half-built. A database whose control plane is newer than this
 /// library is refused with [`Error::ControlPlaneTooNew`] before anything changes.
 ///
+/// On a Citus coordinator (the database has the `citus` extension) the control plane is made a
+/// plain local schema there, never distributed nor propagated to the workers, whatever the
+/// session's `citus.enable_schema_based_sharding` is; one an earlier setup left distributed
+/// is made local again.
+///
 /// ```no_run
 /// # async fn example(client: &mut tokio_postgres::Client) -> pgtenant::Result<()> {
 /// let report = pgtenant::setup(client).await?;
@@ -166,6 +171,16 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
         )
         .await
         .map_err(Error::db("take the control-plane setup lock"))?;
+    // On Citus the control plane stays a local schema on the coordinator (see citus.rs).
+    if crate::citus::present(&transaction).await? {
+        crate::citus::localize_control_plane(&transaction).await?;
+        transaction
+            .batch_execute(crate::citus::KEEP_LOCAL_SQL)
+            .await
+            .map_err(Error::db(
+                "keep the control plane local to the Citus coordinator",
+            ))?;
+    }
     // Checked under the lock, so a newer library cannot upgrade the schema in between.
     let found = read_version(&transaction).await?;
     let supported = supported_version();
@@ -181,7 +196,7 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
     let report = runner
         .set_abort_divergent(true)
         .set_abort_missing(true)
-        .run_async(&mut InTransaction(&transaction))
+        .run_async(&mut InTransaction(&transaction, false))
         .await
         .map_err(Error::Migration)?;
     if let Some(roles) = roles {

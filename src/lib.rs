@@ -53,6 +53,7 @@
 
 mod acquire;
 pub mod admin;
+mod citus;
 mod connect;
 mod control;
 mod control_plane;

@@ -11,8 +11,10 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 use tokio_postgres::Transaction;
 
-/// A refinery connection whose every statement runs in one outer transaction.
-pub(crate) struct InTransaction<'t, 'c>(pub(crate) &'t Transaction<'c>);
+/// A refinery connection whose every statement runs in one outer transaction. With `.1` set
+/// (tenant migrations on Citus, see `citus.rs`), each migration's text is sent one statement
+/// at a time.
+pub(crate) struct InTransaction<'t, 'c>(pub(crate) &'t Transaction<'c>, pub(crate) bool);
 
 impl AsyncTransaction for InTransaction<'_, '_> {
     type Error = tokio_postgres::Error;
@@ -23,7 +25,13 @@ impl AsyncTransaction for InTransaction<'_, '_> {
     ) -> Result<usize, Self::Error> {
         let mut count = 0;
         for query in queries {
-            self.0.batch_execute(query).await?;
+            if self.1 {
+                for statement in crate::citus::split_statements(query) {
+                    self.0.batch_execute(statement).await?;
+                }
+            } else {
+                self.0.batch_execute(query).await?;
+            }
             count += 1;
         }
         Ok(count)

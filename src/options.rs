@@ -46,6 +46,7 @@ pub struct RouterOptions {
     pub(crate) connector: Connector,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) renewal_events: bool,
+    pub(crate) distributed_schemas: Option<bool>,
 }
 
 /// What the owner does when another replica asks for one of its tenants with
@@ -153,6 +154,7 @@ impl RouterOptions {
             connector: Connector::default(),
             connect_timeout: None,
             renewal_events: false,
+            distributed_schemas: None,
         }
     }
 
@@ -427,6 +429,18 @@ impl RouterOptions {
     #[must_use]
     pub fn renewal_events(mut self, enabled: bool) -> Self {
         self.renewal_events = enabled;
+        self
+    }
+
+    /// Whether new tenant schemas are Citus distributed schemas (schema-based sharding: each
+    /// lives on one worker, `citus_schema_move` rebalances). Default: on when the database has
+    /// the `citus` extension, off otherwise; the session's `citus.enable_schema_based_sharding`
+    /// never decides. `true` on a database without Citus is refused at
+    /// [`Router::start`](crate::Router::start) with [`Error::InvalidOption`]. Schemas created
+    /// before keep their placement. See the README's "Citus" section.
+    #[must_use]
+    pub fn distributed_schemas(mut self, enabled: bool) -> Self {
+        self.distributed_schemas = Some(enabled);
         self
     }
 

@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) fencing_fallback: Option<String>,
     /// Session fencing: which pooled connections are bound to which incarnation.
     pub(crate) bindings: crate::sessions::Bindings,
+    /// Citus or not, and where new tenant schemas go (see `citus.rs`).
+    pub(crate) placement: crate::citus::Placement,
 }
 
 pub(crate) struct RegistrationFailure {
@@ -88,6 +90,7 @@ impl Shared {
             fencing,
             fencing_fallback,
             bindings: crate::sessions::Bindings::default(),
+            placement: crate::citus::Placement::default(),
         }
     }
 

@@ -196,7 +196,10 @@ impl Router {
         if fencing.0 == crate::sessions::Mode::Session {
             session.declare_session_fencing().await?;
         }
-        let shared = Arc::new(Shared::new(options, pool, notices, fencing));
+        let placement = crate::citus::decide(&options, &pool).await?;
+        let mut shared = Shared::new(options, pool, notices, fencing);
+        shared.placement = placement;
+        let shared = Arc::new(shared);
         begin_incarnation(&shared, &session);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("pgtenant.heartbeat", replica = %shared.options.replica_id);

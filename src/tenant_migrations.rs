@@ -35,6 +35,7 @@ const MIGRATION_REPAIR: &str = "fix the migration (or the tenant's data it trips
 pub(crate) async fn apply(
     tx: &Transaction<'_>,
     migrations: &[refinery::Migration],
+    placement: crate::citus::Placement,
 ) -> Result<Vec<String>> {
     if migrations.is_empty() {
         return Ok(Vec::new());
@@ -44,7 +45,7 @@ pub(crate) async fn apply(
     let report = runner
         .set_abort_divergent(true)
         .set_abort_missing(true)
-        .run_async(&mut InTransaction(tx))
+        .run_async(&mut InTransaction(tx, placement.split_migrations()))
         .await
         .map_err(|error| Error::MigrationFailed {
             cause: crate::migrate::describe_refinery(&error),
@@ -85,7 +86,7 @@ pub(crate) async fn migrate_existing(
     )
     .await
     .map_err(Error::db_with(context))?;
-    let applied = apply(&tx, &shared.options.migrations).await?;
+    let applied = apply(&tx, &shared.options.migrations, shared.placement).await?;
     let code = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
     tx.query_typed(
         "SELECT pgtenant.schema_migrated($1, $2, $3, $4, $5, $6, $7)",

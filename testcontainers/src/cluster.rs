@@ -231,6 +231,8 @@ impl Cluster {
             base_url: self.url("postgres"),
             container_id: None,
             _keep: Some(self),
+            workers: Vec::new(),
+            coordinator_port: None,
         }
     }
 
@@ -347,6 +349,12 @@ impl Cluster {
         }
         for (name, value) in &self.settings {
             cmd.arg("-c").arg(format!("{name}={value}"));
+        }
+        if self.run_as.is_some() {
+            // The server runs as another user than the test: the test's HOME is not its own
+            // (libpq in the server, e.g. Citus' connections to its workers, reads
+            // ~/.postgresql/ and fails on a directory it may not read).
+            cmd.env("HOME", &self.dir);
         }
         cmd.env_remove("PGDATA")
             .current_dir(&self.dir)
@@ -752,7 +760,7 @@ fn lookup_user(name: &str) -> Option<(u32, u32)> {
 }
 
 /// The directory holding `initdb` and `postgres`, searched once per process.
-fn find_bindir() -> Result<PathBuf, String> {
+pub(crate) fn find_bindir() -> Result<PathBuf, String> {
     static BINDIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BINDIR.get_or_init(search_bindir).clone()
 }

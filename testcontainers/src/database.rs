@@ -32,6 +32,11 @@ pub(crate) struct Server {
     /// Keeps the server (an initdb cluster or a container) running while any
     /// database on it is alive.
     pub(crate) _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Admin connections to the workers of a Citus cluster ([`Source::Citus`]): each test
+    /// database is made and dropped on them too. Empty for every other source.
+    pub(crate) workers: Vec<Config>,
+    /// The coordinator's port, for `citus_set_coordinator_host` ([`Source::Citus`] only).
+    pub(crate) coordinator_port: Option<u16>,
 }
 
 impl Server {
@@ -52,13 +57,18 @@ impl Server {
             .parse::<Config>()
             .map_err(|e| TestkitError::pg(format!("parsing the URL of database {name}"), e))?;
         tracing::debug!(database = %name, source = %self.source, "created test database");
-        Ok(TestDatabase {
+        let database = TestDatabase {
             name,
             url,
             config,
             server: Arc::clone(self),
             roles: std::sync::Mutex::new(Vec::new()),
-        })
+        };
+        if !self.workers.is_empty() {
+            // Dropping `database` on an error drops whatever was made on every node.
+            crate::citus::prepare_database(self, &database.name).await?;
+        }
+        Ok(database)
     }
 }
 
@@ -219,6 +229,7 @@ impl Drop for TestDatabase {
         // Drop cannot await, and blocking on the caller's runtime could
         // deadlock, so a thread with its own runtime does the DROP.
         let admin = self.server.admin.clone();
+        let workers = self.server.workers.clone();
         let name = self.name.clone();
         let roles = std::mem::take(
             &mut *self
@@ -228,7 +239,7 @@ impl Drop for TestDatabase {
         );
         let spawned = std::thread::Builder::new()
             .name("pgtenant-testkit-drop".into())
-            .spawn(move || drop_database_blocking(&admin, &name, &roles));
+            .spawn(move || drop_database_blocking(&admin, &workers, &name, &roles));
         match spawned {
             Ok(handle) => {
                 if handle.join().is_err() {
@@ -242,7 +253,7 @@ impl Drop for TestDatabase {
     }
 }
 
-fn drop_database_blocking(admin: &Config, name: &str, roles: &[String]) {
+fn drop_database_blocking(admin: &Config, workers: &[Config], name: &str, roles: &[String]) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -260,6 +271,13 @@ fn drop_database_blocking(admin: &Config, name: &str, roles: &[String]) {
                 tracing::warn!(database = %name, error = %e, "could not drop test database")
             }
             Err(_) => tracing::warn!(database = %name, "timed out dropping test database"),
+        }
+        for worker in workers {
+            let dropped =
+                tokio::time::timeout(Duration::from_secs(60), drop_database(worker, name)).await;
+            if !matches!(dropped, Ok(Ok(()))) {
+                tracing::warn!(database = %name, worker = %describe_target(worker), "could not drop the test database on a Citus worker");
+            }
         }
         // After the database, which held everything they own or were granted but for the
         // database's own ACL, which DROP DATABASE removed too.
@@ -303,7 +321,7 @@ async fn create_with(forced: Option<Source>) -> Result<TestDatabase, TestkitErro
         None => {
             let mut tried = Vec::new();
             let mut found = None;
-            for source in Source::ALL {
+            for source in Source::AUTOMATIC {
                 match shared_server(source).await {
                     Ok(server) => {
                         found = Some(server);
@@ -329,7 +347,7 @@ async fn create_with(forced: Option<Source>) -> Result<TestDatabase, TestkitErro
 /// One cell per source, so that each is tried (and, for docker and initdb,
 /// started) at most once per process, failures included: retrying a failed
 /// initdb for every test would only repeat the same error slowly.
-static SERVERS: [OnceCell<Result<Arc<Server>, String>>; 4] = [const { OnceCell::const_new() }; 4];
+static SERVERS: [OnceCell<Result<Arc<Server>, String>>; 5] = [const { OnceCell::const_new() }; 5];
 
 async fn shared_server(source: Source) -> Result<Arc<Server>, String> {
     let index = match source {
@@ -337,6 +355,7 @@ async fn shared_server(source: Source) -> Result<Arc<Server>, String> {
         Source::Local => 1,
         Source::Docker => 2,
         Source::Initdb => 3,
+        Source::Citus => 4,
     };
     SERVERS[index]
         .get_or_init(|| async move {
@@ -345,6 +364,7 @@ async fn shared_server(source: Source) -> Result<Arc<Server>, String> {
                 Source::Local => local_server().await,
                 Source::Docker => docker_server().await,
                 Source::Initdb => initdb_server().await,
+                Source::Citus => crate::citus::citus_server().await,
             }?;
             tracing::info!(%source, server = %describe_target(&server.admin), "pgtenant-testkit found its test server");
             if matches!(source, Source::Url | Source::Local) {
@@ -395,6 +415,8 @@ async fn url_server() -> Result<Server, String> {
         base_url,
         container_id: None,
         _keep: None,
+        workers: Vec::new(),
+        coordinator_port: None,
     })
 }
 
@@ -428,6 +450,8 @@ async fn local_server() -> Result<Server, String> {
         base_url: format!("postgres://{auth}@127.0.0.1:5432/postgres"),
         container_id: None,
         _keep: None,
+        workers: Vec::new(),
+        coordinator_port: None,
     })
 }
 

@@ -417,6 +417,8 @@ impl Container {
             base_url: self.url("postgres"),
             container_id: Some(self.id.clone()),
             _keep: Some(self),
+            workers: Vec::new(),
+            coordinator_port: None,
         }
     }
 

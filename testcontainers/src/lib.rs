@@ -16,7 +16,9 @@
 //! 4. [`Source::Initdb`]: a throwaway cluster in a temporary directory, made
 //!    with the machine's own `initdb`/`postgres` binaries.
 //!
-//! `PGTENANT_TESTKIT=url|local|docker|initdb` forces exactly one of them.
+//! `PGTENANT_TESTKIT=url|local|docker|initdb` forces exactly one of them, and
+//! `PGTENANT_TESTKIT=citus` puts every database on a Citus cluster ([`Source::Citus`], never
+//! chosen unless forced). [`CitusCluster`] gives a test a coordinator and workers of its own.
 //! [`LocalCluster`] gives a test its own cluster, which it can stop and start;
 //! [`StandbyPair`] a primary with a streaming standby, to crash and fail over.
 //!
@@ -53,6 +55,7 @@
     reason = "libc calls only (kill, geteuid, getpwnam_r, atexit), each with its SAFETY comment"
 )]
 
+mod citus;
 mod cluster;
 mod database;
 #[cfg(feature = "docker")]
@@ -64,6 +67,10 @@ mod sweep;
 use std::fmt;
 use std::str::FromStr;
 
+pub use citus::{
+    citus_installed, skip_without_citus, CitusCluster, DEFAULT_WORKERS, INSTALL_CITUS_HINT,
+    REQUIRE_CITUS_ENV,
+};
 pub use cluster::LocalCluster;
 pub use database::{TestDatabase, TestRole};
 #[cfg(feature = "docker")]
@@ -88,19 +95,33 @@ pub enum Source {
     Docker,
     /// A throwaway cluster made with the machine's `initdb` and `postgres`.
     Initdb,
+    /// A throwaway Citus cluster (a coordinator and [`DEFAULT_WORKERS`] workers, see
+    /// [`CitusCluster`]) when Citus is installed: used only when `PGTENANT_TESTKIT=citus`
+    /// forces it. Each database has the extension and the workers in its metadata.
+    Citus,
 }
 
 impl Source {
-    /// Every source, in the order [`TestDatabase::create`] tries them.
-    pub const ALL: [Source; 4] = [Source::Url, Source::Local, Source::Docker, Source::Initdb];
+    /// Every source.
+    pub const ALL: [Source; 5] = [
+        Source::Url,
+        Source::Local,
+        Source::Docker,
+        Source::Initdb,
+        Source::Citus,
+    ];
 
-    /// The name used by `PGTENANT_TESTKIT`: `url`, `local`, `docker` or `initdb`.
+    /// The sources [`TestDatabase::create`] tries, in order, when none is forced.
+    pub const AUTOMATIC: [Source; 4] = [Source::Url, Source::Local, Source::Docker, Source::Initdb];
+
+    /// The name used by `PGTENANT_TESTKIT`: `url`, `local`, `docker`, `initdb` or `citus`.
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Url => "url",
             Source::Local => "local",
             Source::Docker => "docker",
             Source::Initdb => "initdb",
+            Source::Citus => "citus",
         }
     }
 }

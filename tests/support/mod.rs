@@ -126,9 +126,11 @@ pub(crate) async fn try_create_log(handle: &TenantHandle) -> pgtenant::Result<()
         .await
 }
 
-/// One log row; `seen_max_epoch` is the highest epoch committed before this write.
+/// One log row; `seen_max_epoch` is the highest epoch committed before this write. Written as
+/// INSERT … SELECT, which Citus also runs on a distributed table (it refuses a subquery in
+/// VALUES).
 const APPEND_SQL: &str = "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
-     VALUES ($1, $2, $3, (SELECT coalesce(max(epoch), 0) FROM log))";
+     SELECT $1::bigint, $2::bigint, $3::text, coalesce(max(epoch), 0) FROM log";
 
 /// A single bigint from a read-only fenced query.
 pub(crate) async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 {
