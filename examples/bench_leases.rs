@@ -156,7 +156,8 @@ impl Mode {
 }
 
 /// The hygiene A/B's workloads: (session fencing?, switching tenants?).
-const HYGIENE_KINDS: [(bool, bool); 4] = [(true, false), (false, false), (true, true), (false, true)];
+const HYGIENE_KINDS: [(bool, bool); 4] =
+    [(true, false), (false, false), (true, true), (false, true)];
 
 fn hygiene_kind_name(kind: (bool, bool)) -> &'static str {
     match kind {
@@ -173,7 +174,10 @@ enum Job {
     Mode(Mode, Variant),
     /// One typed INSERT on the session (or transaction) fencing tenant; with `switching`,
     /// odd transactions go to a second tenant of the same router.
-    Hygiene { session: bool, switching: bool },
+    Hygiene {
+        session: bool,
+        switching: bool,
+    },
 }
 
 /// Everything a client task needs.
@@ -381,8 +385,7 @@ async fn bench_clients(
     postmaster: u32,
 ) -> (Vec<ThroughputRow>, HygieneRow) {
     let session_router = start_router(url, &format!("tput-s-c{clients}"), clients, true).await;
-    let transaction_router =
-        start_router(url, &format!("tput-t-c{clients}"), clients, false).await;
+    let transaction_router = start_router(url, &format!("tput-t-c{clients}"), clients, false).await;
     let table = format!("baseline.tput_c{clients}");
     let shard = i32::try_from(clients).expect("shard id");
     admin
@@ -550,7 +553,11 @@ async fn bench_hygiene(cfg: &Config, admin: &Client, clients: usize, sides: &Sid
     eprintln!(
         "[bench]   hygiene clients={clients}: with/without {}",
         (0..4)
-            .map(|k| format!("{} {:.3}", hygiene_kind_name(HYGIENE_KINDS[k]), row.ratio(k)))
+            .map(|k| format!(
+                "{} {:.3}",
+                hygiene_kind_name(HYGIENE_KINDS[k]),
+                row.ratio(k)
+            ))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -653,11 +660,8 @@ async fn fenced_tx(
                 let inserts = if variant == Variant::One { 1 } else { 4 };
                 for k in 0..inserts {
                     let n = n * 4 + k;
-                    tx.execute_typed(
-                        FENCED_INSERT,
-                        &[(&client_id, Type::INT4), (&n, Type::INT8)],
-                    )
-                    .await?;
+                    tx.execute_typed(FENCED_INSERT, &[(&client_id, Type::INT4), (&n, Type::INT8)])
+                        .await?;
                 }
                 Ok::<_, pgtenant::Error>(())
             })
@@ -803,6 +807,8 @@ async fn child(url: &str, replica: &str, ledger: &str, session: bool) {
 
 struct TakeoverResult {
     session: bool,
+    /// With the bench's prototype of `pgtenant.terminate_bound`.
+    prototype: bool,
     latencies: Vec<Duration>,
     attempts: Vec<u32>,
     /// Data sessions bound to the owner's incarnation when it was killed.
@@ -817,16 +823,76 @@ struct TakeoverResult {
 
 impl TakeoverResult {
     fn name(&self) -> &'static str {
-        if self.session {
-            "session"
-        } else {
-            "transaction"
+        match (self.session, self.prototype) {
+            (true, false) => "session",
+            (false, _) => "transaction",
+            (true, true) => "session-prototype",
         }
     }
 }
 
-async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverResult; 2] {
+/// `pgtenant.terminate_bound` as V5 installs it, and the bench's prototype.
+const TERMINATE_BOUND_SIGNATURE: &str = "pgtenant.terminate_bound(text, bigint, integer[], bigint)";
+
+/// A prototype of `pgtenant.terminate_bound` (not in the library): signal every live bound
+/// backend first, then wait for all of them together, polling every millisecond, until none is
+/// left in `pg_stat_activity` (a backend leaves it at exit, after its transaction was aborted
+/// and its locks released). V5's loop calls `pg_terminate_backend(pid, timeout)` per backend,
+/// which polls every 100 ms (so each backend still alive costs 100 ms), and raises PTE01 when
+/// a backend exits on its own between its `pg_stat_activity` check and the call (the call then
+/// returns false: "not a PostgreSQL backend process").
+const TERMINATE_BOUND_PROTOTYPE: &str = r#"
+CREATE OR REPLACE FUNCTION pgtenant.terminate_bound(p_replica text, p_incarnation bigint, p_pids integer[],
+                                                   p_timeout_ms bigint)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant AS $$
+DECLARE
+    v_pids integer[];
+    v_starts timestamptz[];
+    v_left integer;
+    v_deadline timestamptz := clock_timestamp() + greatest(p_timeout_ms, 1) * interval '1 millisecond';
+BEGIN
+    SELECT coalesce(array_agg(a.pid ORDER BY a.pid), '{}'), coalesce(array_agg(a.backend_start ORDER BY a.pid), '{}')
+      INTO v_pids, v_starts
+      FROM pgtenant.sessions ss JOIN pg_stat_activity a ON a.pid = ss.pid AND a.backend_start = ss.backend_start
+     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+       AND (p_pids IS NULL OR ss.pid = ANY (p_pids)) AND ss.pid <> pg_backend_pid();
+    PERFORM pg_terminate_backend(u.pid) FROM unnest(v_pids) AS u(pid);
+    LOOP
+        PERFORM pg_stat_clear_snapshot();
+        SELECT count(*) INTO v_left
+          FROM unnest(v_pids, v_starts) AS u(pid, started)
+          JOIN pg_stat_activity a ON a.pid = u.pid AND a.backend_start = u.started;
+        EXIT WHEN v_left = 0;
+        IF clock_timestamp() > v_deadline THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTE01',
+                MESSAGE = format('%s backends of replica %s incarnation %s did not exit within %s ms',
+                                 v_left, p_replica, p_incarnation, p_timeout_ms),
+                HINT = 'retry: nothing moved; the backend is being terminated';
+        END IF;
+        PERFORM pg_sleep(0.001);
+    END LOOP;
+    DELETE FROM pgtenant.sessions ss
+     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+       AND (p_pids IS NULL OR ss.pid = ANY (p_pids)) AND ss.pid <> pg_backend_pid();
+    RETURN cardinality(v_pids);
+END $$;
+"#;
+
+/// The takeover configurations: (session fencing?, the prototype terminate_bound?).
+const TAKEOVER_KINDS: [(bool, bool); 3] = [(true, false), (false, false), (true, true)];
+
+async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverResult; 3] {
     let exe = std::env::current_exe().expect("current exe");
+    let installed: String = admin
+        .query_one(
+            "SELECT pg_get_functiondef($1::text::regprocedure)",
+            &[&TERMINATE_BOUND_SIGNATURE],
+        )
+        .await
+        .expect("terminate_bound's definition")
+        .get(0);
+    let mut prototype_installed = false;
     let mut survivors = Vec::new();
     for session in [true, false] {
         let name = if session {
@@ -851,8 +917,9 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
             .expect("survivor router starts"),
         );
     }
-    let mut results = [true, false].map(|session| TakeoverResult {
+    let mut results = TAKEOVER_KINDS.map(|(session, prototype)| TakeoverResult {
         session,
+        prototype,
         latencies: Vec::new(),
         attempts: Vec::new(),
         bound: Vec::new(),
@@ -861,11 +928,28 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
         seal_retries: 0,
     });
     for i in 0..cfg.takeovers {
-        // Interleaved, alternating which fencing goes first.
-        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        // Interleaved, rotating which configuration goes first.
+        let mut order = [0, 1, 2];
+        order.rotate_left(i % 3);
         for k in order {
-            let session = k == 0;
-            let tag = if session { "s" } else { "t" };
+            let (session, prototype) = TAKEOVER_KINDS[k];
+            if session && prototype != prototype_installed {
+                let sql = if prototype {
+                    TERMINATE_BOUND_PROTOTYPE
+                } else {
+                    installed.as_str()
+                };
+                admin
+                    .batch_execute(sql)
+                    .await
+                    .expect("replace terminate_bound");
+                prototype_installed = prototype;
+            }
+            let tag = match (session, prototype) {
+                (true, false) => "s",
+                (false, _) => "t",
+                (true, true) => "p",
+            };
             let ledger = format!("{tag}{i}");
             let replica = format!("takeover-owner-{tag}{i}");
             let fencing = if session { "session" } else { "transaction" };
@@ -896,7 +980,7 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
                 assert!(bound >= 1, "the session-fencing owner has bound sessions");
             }
             let id = TenantId::new("takeover", &ledger).expect("tenant id");
-            let router = &survivors[k];
+            let router = &survivors[usize::from(!session)];
 
             let killed_at = Instant::now();
             owner.start_kill().expect("SIGKILL owner");
@@ -951,6 +1035,12 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
             result.left += left;
             handle.release().await.expect("release");
         }
+    }
+    if prototype_installed {
+        admin
+            .batch_execute(&installed)
+            .await
+            .expect("restore terminate_bound");
     }
     for router in survivors {
         router.close().await;
@@ -1155,7 +1245,10 @@ fn summary_lines(
     takeover: &[TakeoverResult],
 ) -> Vec<String> {
     let mut lines = Vec::new();
-    for (variant, prefix) in [(Variant::One, "fence-bench"), (Variant::Four, "fence-bench-4")] {
+    for (variant, prefix) in [
+        (Variant::One, "fence-bench"),
+        (Variant::Four, "fence-bench-4"),
+    ] {
         for row in throughput.iter().filter(|r| r.variant == variant) {
             lines.push(format!(
                 "{prefix}: clients={} session/pinned={:.3} transaction/pinned={:.3} bare/pinned={:.3} peer/pinned={:.3} session/peer={:.3}",
@@ -1277,7 +1370,8 @@ fn render(
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"
         );
         for row in throughput.iter().filter(|r| r.variant == variant) {
-            let both = |a: Mode, b: Mode| format!("{:.3} ({:.3})", row.ratio(a, b), row.paired(a, b));
+            let both =
+                |a: Mode, b: Mode| format!("{:.3} ({:.3})", row.ratio(a, b), row.paired(a, b));
             let met = match variant {
                 Variant::One => row.ratio(Mode::Session, Mode::Pinned) >= 0.97,
                 Variant::Four => row.ratio(Mode::Transaction, Mode::Pinned) >= 0.95,
@@ -1314,7 +1408,10 @@ fn render(
             w,
             "| clients | client: session | transaction | pinned | bare | peer | server: session | transaction | pinned | bare | peer | server pinned / session |"
         );
-        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            w,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         for row in throughput.iter().filter(|r| r.variant == variant) {
             let cpu = |mode: Mode, server: bool| {
                 median(
@@ -1429,7 +1526,7 @@ fn render(
     );
     let _ = writeln!(
         w,
-        "Real processes: for each of {} iterations per fencing (the two fencings interleaved) a fresh \
+        "Real processes: for each of {} iterations per configuration a fresh \
          tenant is opened by a child process (this example re-executed as `bench_leases child <url> \
          <replica> <ledger> <fencing>`, Router ttl {} s, pool {CHILD_POOL}) that runs {CHILD_POOL} \
          transactions at once (so under session fencing {CHILD_POOL} data sessions are bound to its \
@@ -1438,8 +1535,13 @@ fn render(
          (retrying after 1 ms on `Error::LeaseHeld`, and on `Error::SealIncomplete`, which is \
          retryable and counted below) and runs one fenced INSERT. Under session \
          fencing the acquisition seals the dead incarnation and terminates (and waits for) its bound \
-         backends before the epoch moves; each such takeover is checked to have sealed it. Time = \
-         from just before the SIGKILL to that INSERT's commit. Nearest-rank percentiles (with 30 \
+         backends before the epoch moves; each such takeover is checked to have sealed it. **session-prototype**: \
+         session fencing with the bench's prototype of `pgtenant.terminate_bound` installed for those \
+         iterations (signal every live bound backend, then wait for all together, polling every 1 ms; \
+         V5's loop waits per backend with `pg_terminate_backend(pid, timeout)`, which polls every \
+         100 ms, and fails when a backend exits on its own between its check and the call: see \
+         `TERMINATE_BOUND_PROTOTYPE` in the source); the three configurations interleaved, rotating. \
+         Time = from just before the SIGKILL to that INSERT's commit. Nearest-rank percentiles (with 30 \
          samples p99 is the maximum).\n",
         cfg.takeovers,
         CHILD_TTL.as_secs()
