@@ -1334,7 +1334,7 @@ fn render(
         wall.as_secs_f64()
     );
 
-    let _ = writeln!(w, "## 1. Fenced, pinned, bare and peer throughput\n");
+    let _ = writeln!(w, "### 1. Fenced, pinned, bare and peer throughput\n");
     let _ = writeln!(
         w,
         "Each transaction: BEGIN; one (A) or four (B) `INSERT INTO <table> (client_id, n) VALUES ($1, $2)` \
@@ -1359,7 +1359,7 @@ fn render(
         cfg.warmup.as_millis()
     );
     for variant in VARIANTS {
-        let _ = writeln!(w, "### {}\n", variant.title());
+        let _ = writeln!(w, "#### {}\n", variant.title());
         let _ = writeln!(
             w,
             "| clients | session | transaction | pinned | bare | peer | session / pinned | transaction / pinned | bare / pinned | peer / pinned | session / bare | session / peer | target met | failed tx |"
@@ -1448,7 +1448,7 @@ fn render(
         let _ = writeln!(w);
     }
 
-    let _ = writeln!(w, "## 2. Session hygiene A/B\n");
+    let _ = writeln!(w, "### 2. Session hygiene A/B\n");
     let _ = writeln!(
         w,
         "The fence (`{FENCE_SIGNATURE}`) and the session-fencing entry (`{ENTER_SIGNATURE}`) \
@@ -1521,7 +1521,7 @@ fn render(
 
     let _ = writeln!(
         w,
-        "## 3. Takeover latency after the owner process dies, both fencings\n"
+        "### 3. Takeover latency after the owner process dies, both fencings\n"
     );
     let _ = writeln!(
         w,
@@ -1595,7 +1595,7 @@ fn render(
     }
     let _ = writeln!(w);
 
-    let _ = writeln!(w, "## 4. Heartbeat cost against held tenants\n");
+    let _ = writeln!(w, "### 4. Heartbeat cost against held tenants\n");
     let _ = writeln!(
         w,
         "Three replicas, each registered by hand on its own connection as a lease session does \
