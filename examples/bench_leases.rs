@@ -2,7 +2,8 @@
 //!
 //! Run with `cargo run --release --example bench_leases` (PostgreSQL on 127.0.0.1:5432, or
 //! whatever `pgtenant_testkit::TestDatabase::create` finds); `-- --quick` runs fewer, shorter
-//! rounds (a smoke run, not a measurement). It measures, in one run:
+//! rounds (a smoke run, not a measurement); `-- --hygiene-only` runs part 2 alone at 8 clients with
+//! twice the rounds. It measures, in one run:
 //!
 //! 1. throughput, side by side at 1, 8 and 32 clients, rounds interleaved, with the client's
 //!    and the server's CPU time per transaction, of: a fenced transaction under session fencing
@@ -207,11 +208,16 @@ async fn main() {
         child(url, replica, ledger, fencing == "session").await;
         return;
     }
-    let cfg = if args.iter().any(|a| a == "--quick") {
+    let mut cfg = if args.iter().any(|a| a == "--quick") {
         QUICK
     } else {
         FULL
     };
+    // `--hygiene-only`: part 2 alone, at 8 clients (the target's), with twice the rounds.
+    let hygiene_only = args.iter().any(|a| a == "--hygiene-only");
+    if hygiene_only {
+        cfg.hygiene_rounds *= 2;
+    }
     let started = Instant::now();
     let mut loads = vec![("start", load_average())];
 
@@ -235,8 +241,28 @@ async fn main() {
     eprintln!("[bench] parts 1 and 2: throughput and hygiene");
     let mut throughput = Vec::new();
     let mut hygiene = Vec::new();
+    if hygiene_only {
+        let (_, row) = bench_clients(&cfg, &url, &admin, 8, postmaster, false).await;
+        loads.push(("end", load_average()));
+        let mut out = format!(
+            "# Session hygiene A/B only (`{COMMAND} -- --hygiene-only`)\n\n- Date: {}\n- Load average (1/5/15 min): {}\n- Wall time: {:.1} s\n\n",
+            server.date,
+            loads
+                .iter()
+                .map(|(at, load)| format!("{at} {load}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+            started.elapsed().as_secs_f64()
+        );
+        render_hygiene(&mut out, &cfg, std::slice::from_ref(&row));
+        println!("{out}");
+        for line in summary_lines(&[], std::slice::from_ref(&row), &[]) {
+            println!("{line}");
+        }
+        return;
+    }
     for clients in CONCURRENCY {
-        let (rows, row) = bench_clients(&cfg, &url, &admin, clients, postmaster).await;
+        let (rows, row) = bench_clients(&cfg, &url, &admin, clients, postmaster, true).await;
         throughput.extend(rows);
         hygiene.push(row);
         loads.push(("after throughput", load_average()));
@@ -383,6 +409,7 @@ async fn bench_clients(
     admin: &Client,
     clients: usize,
     postmaster: u32,
+    throughput: bool,
 ) -> (Vec<ThroughputRow>, HygieneRow) {
     let session_router = start_router(url, &format!("tput-s-c{clients}"), clients, true).await;
     let transaction_router = start_router(url, &format!("tput-t-c{clients}"), clients, false).await;
@@ -408,7 +435,8 @@ async fn bench_clients(
     };
 
     let mut rows = Vec::new();
-    for variant in VARIANTS {
+    let variants: &[Variant] = if throughput { &VARIANTS } else { &[] };
+    for &variant in variants {
         let mut row = ThroughputRow {
             variant,
             clients,
@@ -1448,76 +1476,7 @@ fn render(
         let _ = writeln!(w);
     }
 
-    let _ = writeln!(w, "### 2. Session hygiene A/B\n");
-    let _ = writeln!(
-        w,
-        "The fence (`{FENCE_SIGNATURE}`) and the session-fencing entry (`{ENTER_SIGNATURE}`) \
-         begin with the session scrub of issue #8: `IF <the connection's tenant, role or session user \
-         changed> THEN PERFORM pgtenant.reset_session(key); END IF;` (three `current_setting` \
-         comparisons on every transaction; the reset itself only when the connection changes tenant \
-         or role). **with**: the functions as installed. **without**: the same bodies without that \
-         block (`pg_get_functiondef` minus the block, installed with `CREATE OR REPLACE` between \
-         rounds; everything else, the marker cursor and `READ WRITE` included, is the same). Same \
-         routers and tenants as part 1, one typed INSERT per transaction through `TenantHandle::run`; \
-         **one tenant**: every transaction on one tenant (the reset never fires after a connection's \
-         first transaction); **two tenants alternating**: each client alternates between two tenants \
-         of the same router, so a connection often changes tenant and the reset fires (the worst case \
-         of this mechanism). {} rounds of {} ms per workload, with/without in ABBA order (with, \
-         without, without, with, …), the four workloads rotating within each round, after a warm-up \
-         of each. Target (issue #8): hygiene costs at most 3 % at 8 clients, i.e. with / without ≥ \
-         0.97.\n",
-        cfg.hygiene_rounds,
-        cfg.round.as_millis()
-    );
-    let _ = writeln!(
-        w,
-        "| clients | workload | with tx/s | without tx/s | with / without | per-round median | server µs/tx with | without | target met (8 clients) |"
-    );
-    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---:|---:|:---:|");
-    for row in hygiene {
-        for (k, kind) in HYGIENE_KINDS.iter().enumerate() {
-            let server = |on: bool| {
-                median(
-                    &row.samples[usize::from(!on)][k]
-                        .iter()
-                        .map(|s| s.server_us)
-                        .collect::<Vec<_>>(),
-                )
-            };
-            let ratio = row.ratio(k);
-            let _ = writeln!(
-                w,
-                "| {} | {} | {:.0} | {:.0} | {ratio:.3} | {:.3} | {:.0} | {:.0} | {} |",
-                row.clients,
-                hygiene_kind_name(*kind),
-                median(&row.tps(true, k)),
-                median(&row.tps(false, k)),
-                paired(&row.tps(true, k), &row.tps(false, k)),
-                server(true),
-                server(false),
-                if row.clients == 8 {
-                    yes(ratio >= 0.97)
-                } else {
-                    "—"
-                },
-            );
-        }
-    }
-    let _ = writeln!(w, "\nPer-round tx/s, with | without:\n");
-    for row in hygiene {
-        for (k, kind) in HYGIENE_KINDS.iter().enumerate() {
-            let _ = writeln!(
-                w,
-                "- {} clients, {}: [{}] | [{}]; failed tx {}",
-                row.clients,
-                hygiene_kind_name(*kind),
-                list(&row.tps(true, k)),
-                list(&row.tps(false, k)),
-                row.errors
-            );
-        }
-    }
-    let _ = writeln!(w);
+    render_hygiene(w, cfg, hygiene);
 
     let _ = writeln!(
         w,
@@ -1649,4 +1608,78 @@ fn render(
         heartbeat.plan_note
     );
     out
+}
+
+/// Part 2 of the report.
+fn render_hygiene(w: &mut String, cfg: &Config, hygiene: &[HygieneRow]) {
+    let _ = writeln!(w, "### 2. Session hygiene A/B\n");
+    let _ = writeln!(
+        w,
+        "The fence (`{FENCE_SIGNATURE}`) and the session-fencing entry (`{ENTER_SIGNATURE}`) \
+         begin with the session scrub of issue #8: `IF <the connection's tenant, role or session user \
+         changed> THEN PERFORM pgtenant.reset_session(key); END IF;` (three `current_setting` \
+         comparisons on every transaction; the reset itself only when the connection changes tenant \
+         or role). **with**: the functions as installed. **without**: the same bodies without that \
+         block (`pg_get_functiondef` minus the block, installed with `CREATE OR REPLACE` between \
+         rounds; everything else, the marker cursor and `READ WRITE` included, is the same). Same \
+         routers and tenants as part 1, one typed INSERT per transaction through `TenantHandle::run`; \
+         **one tenant**: every transaction on one tenant (the reset never fires after a connection's \
+         first transaction); **two tenants alternating**: each client alternates between two tenants \
+         of the same router, so a connection often changes tenant and the reset fires (the worst case \
+         of this mechanism). {} rounds of {} ms per workload, with/without in ABBA order (with, \
+         without, without, with, …), the four workloads rotating within each round, after a warm-up \
+         of each. Target (issue #8): hygiene costs at most 3 % at 8 clients, i.e. with / without ≥ \
+         0.97.\n",
+        cfg.hygiene_rounds,
+        cfg.round.as_millis()
+    );
+    let _ = writeln!(
+        w,
+        "| clients | workload | with tx/s | without tx/s | with / without | per-round median | server µs/tx with | without | target met (8 clients) |"
+    );
+    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---:|---:|:---:|");
+    for row in hygiene {
+        for (k, kind) in HYGIENE_KINDS.iter().enumerate() {
+            let server = |on: bool| {
+                median(
+                    &row.samples[usize::from(!on)][k]
+                        .iter()
+                        .map(|s| s.server_us)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let ratio = row.ratio(k);
+            let _ = writeln!(
+                w,
+                "| {} | {} | {:.0} | {:.0} | {ratio:.3} | {:.3} | {:.0} | {:.0} | {} |",
+                row.clients,
+                hygiene_kind_name(*kind),
+                median(&row.tps(true, k)),
+                median(&row.tps(false, k)),
+                paired(&row.tps(true, k), &row.tps(false, k)),
+                server(true),
+                server(false),
+                if row.clients == 8 {
+                    yes(ratio >= 0.97)
+                } else {
+                    "—"
+                },
+            );
+        }
+    }
+    let _ = writeln!(w, "\nPer-round tx/s, with | without:\n");
+    for row in hygiene {
+        for (k, kind) in HYGIENE_KINDS.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "- {} clients, {}: [{}] | [{}]; failed tx {}",
+                row.clients,
+                hygiene_kind_name(*kind),
+                list(&row.tps(true, k)),
+                list(&row.tps(false, k)),
+                row.errors
+            );
+        }
+    }
+    let _ = writeln!(w);
 }
