@@ -1,154 +1,296 @@
-//! Benchmarks of pgtenant's lease machinery against a plain tokio-postgres baseline.
+//! Benchmarks of pgtenant's lease machinery against plain tokio-postgres baselines.
 //!
 //! Run with `cargo run --release --example bench_leases` (PostgreSQL on 127.0.0.1:5432, or
-//! whatever `pgtenant_testkit::TestDatabase::create` finds). It measures, in one run:
+//! whatever `pgtenant_testkit::TestDatabase::create` finds); `-- --quick` runs fewer, shorter
+//! rounds (a smoke run, not a measurement); `-- --hygiene-only` runs part 2 alone at 8 clients with
+//! twice the rounds. It measures, in one run:
 //!
-//! 1. throughput of a fenced transaction (`TenantHandle::run`) against the identical unfenced
-//!    tokio-postgres transaction (bare, and with `search_path` pinned as a schema-per-tenant
-//!    application pins it), at 1, 8 and 32 concurrent clients, rounds interleaved, with the
-//!    client's and the server's CPU time per transaction;
-//! 2. takeover latency after the owning replica process is SIGKILLed (the example re-executes
-//!    itself as the owner: `bench_leases child <url> <replica> <ledger>`);
-//! 3. the cost of the heartbeat statement with 1, 1 000 and 100 000 held tenants.
+//! 1. throughput, side by side at 1, 8 and 32 clients, rounds interleaved, with the client's
+//!    and the server's CPU time per transaction, of: a fenced transaction under session fencing
+//!    and under transaction fencing (`TenantHandle::run`), the same transaction pinned
+//!    (`search_path` set per transaction, as any schema-per-tenant application must), bare
+//!    (unfenced, qualified names) and the peer pattern (a `FOR SHARE` read of a fencing row in
+//!    every transaction, as Temporal does); one typed INSERT and four INSERTs per transaction;
+//! 2. session hygiene A/B (issue #8): the fenced transaction with the fence's session scrub and
+//!    with the same fence body minus the scrub, swapped in between ABBA-ordered rounds;
+//! 3. takeover latency after the owning replica process is SIGKILLed, under both fencings (the
+//!    example re-executes itself as the owner: `bench_leases child <url> <replica> <ledger>
+//!    <fencing>`), the owner holding bound idle data sessions, so sealing is included;
+//! 4. the cost of the heartbeat (`pgtenant.heartbeat`) with 1, 1 000 and 100 000 held tenants.
 //!
-//! It prints a Markdown report and writes it to `/tmp/bench_leases.md` (BENCHMARKS.md collects the three reports).
+//! It prints a Markdown report, writes it to `/tmp/bench_leases.md` (BENCHMARKS.md collects the
+//! reports), and ends with machine-readable lines (`fence-bench: clients=N session/pinned=…`).
 
 #[path = "common/mod.rs"]
 mod common;
 
 use common::{
-    cpu_model, cpu_seconds, fresh_database, median, median_d, ms, percentile_d, server_info,
-    ServerInfo,
+    cpu_model, cpu_seconds_of, fresh_database, load_average, median, median_d, ms, percentile_d,
+    postmaster_of, server_info, ServerInfo,
 };
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use pgtenant::postgres::types::Type;
-use pgtenant::postgres::NoTls;
-use pgtenant::{Router, RouterOptions, TenantHandle, TenantId};
+use pgtenant::pool::Pool;
+use pgtenant::postgres::types::{ToSql, Type};
+use pgtenant::postgres::{Client, NoTls};
+use pgtenant::{Fencing, Router, RouterOptions, TenantHandle, TenantId};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinSet;
 
 const COMMAND: &str = "cargo run --release --example bench_leases";
 const CONCURRENCY: [usize; 3] = [1, 8, 32];
-const ROUNDS: usize = 5;
-const ROUND: Duration = Duration::from_secs(2);
-const WARMUP: Duration = Duration::from_millis(500);
-const TAKEOVERS: usize = 30;
 const CHILD_TTL: Duration = Duration::from_secs(2);
-const HEARTBEAT_SAMPLES: usize = 200;
-const STATUS_SAMPLES: usize = 50;
-const HELD: [i64; 3] = [1, 1_000, 100_000];
+/// The owner process's pool: that many data sessions are bound (session fencing) when it dies.
+const CHILD_POOL: usize = 4;
+
+/// How much of everything a run does.
+#[derive(Clone, Copy)]
+struct Config {
+    quick: bool,
+    /// Throughput rounds per mode, variant and concurrency.
+    rounds: usize,
+    round: Duration,
+    warmup: Duration,
+    /// Hygiene rounds per concurrency (ABBA order of on/off): half of them with the scrub.
+    hygiene_rounds: usize,
+    /// Takeovers per fencing.
+    takeovers: usize,
+    held: [i64; 3],
+    heartbeat_samples: usize,
+    status_samples: usize,
+}
+
+const FULL: Config = Config {
+    quick: false,
+    rounds: 5,
+    round: Duration::from_secs(2),
+    warmup: Duration::from_millis(500),
+    hygiene_rounds: 8,
+    takeovers: 30,
+    held: [1, 1_000, 100_000],
+    heartbeat_samples: 200,
+    status_samples: 50,
+};
+
+const QUICK: Config = Config {
+    quick: true,
+    rounds: 2,
+    round: Duration::from_millis(400),
+    warmup: Duration::from_millis(200),
+    hygiene_rounds: 4,
+    takeovers: 8,
+    held: [1, 1_000, 10_000],
+    heartbeat_samples: 50,
+    status_samples: 10,
+};
 
 /// The fenced side's statement: `search_path` is the tenant schema inside `handle.run`.
 const FENCED_INSERT: &str = "INSERT INTO tput (client_id, n) VALUES ($1, $2)";
-
-/// `HEARTBEAT_SQL` of src/liveness.rs without `AND backend_pid = pg_backend_pid()`: only the
-/// lease session itself could satisfy that condition.
-const HEARTBEAT_EQUIVALENT_SQL: &str = "UPDATE pgtenant.replicas
-        SET expires_at = clock_timestamp() + $3::integer * interval '1 millisecond'
-      WHERE replica_id = $1 AND incarnation = $2 AND released_at IS NULL
-        AND expires_at > clock_timestamp()
-  RETURNING incarnation";
+/// The pinned baseline's pin, prepared and pipelined ahead of the work.
+const PIN_SQL: &str = "SELECT set_config('search_path', $1, true)";
+/// The peer pattern's fencing read (Temporal's shard `range_id` check), pipelined ahead of the
+/// work; the transaction commits only if it returned the expected value.
+const PEER_SQL: &str = "SELECT range_id FROM baseline.shards WHERE shard_id = $1 FOR SHARE";
+const PEER_RANGE: i64 = 7;
+/// The real heartbeat (src/liveness.rs).
+const HEARTBEAT_SQL: &str = "SELECT pgtenant.heartbeat($1, $2, $3, $4)";
+const HEARTBEAT_TTL_MS: i32 = 60_000;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
-    /// `tx.execute(&str, ..)`: prepare, then execute (two round trips for the INSERT).
-    Prepared,
-    /// `tx.execute_typed(&str, ..)`: one round trip for the INSERT.
-    Typed,
-    /// Four `execute_typed` INSERTs per transaction: the fence's fixed cost over more work.
-    Batch4,
+    /// One `execute_typed` INSERT (BEGIN, Parse/Bind/Execute, COMMIT: 3 round trips).
+    One,
+    /// Four `execute_typed` INSERTs per transaction: the fixed cost over more work.
+    Four,
 }
 
-/// Every variant, in report order.
-const VARIANTS: [Variant; 3] = [Variant::Prepared, Variant::Typed, Variant::Batch4];
+const VARIANTS: [Variant; 2] = [Variant::One, Variant::Four];
 
 impl Variant {
     fn title(self) -> &'static str {
         match self {
-            Variant::Prepared => {
-                "A. `tx.execute(&str, ..)` on both sides (prepare + execute: BEGIN, Parse/Describe, Bind/Execute, COMMIT = 4 round trips)"
-            }
-            Variant::Typed => {
-                "B. `tx.execute_typed(&str, ..)` on both sides (BEGIN, Parse/Bind/Execute, COMMIT = 3 round trips)"
-            }
-            Variant::Batch4 => {
-                "C. four `tx.execute_typed(&str, ..)` INSERTs per transaction on both sides (BEGIN, 4 × Parse/Bind/Execute, COMMIT)"
-            }
+            Variant::One => "A. one `tx.execute_typed` INSERT per transaction",
+            Variant::Four => "B. four `tx.execute_typed` INSERTs per transaction",
         }
     }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    Fenced,
-    /// The same transaction without pgtenant, on a fully qualified table.
-    Unfenced,
-    /// The same transaction without pgtenant as a schema-per-tenant application must write it:
-    /// `search_path` pinned for the transaction (pipelined ahead of the work, like the fence),
-    /// unqualified table names.
+    /// `TenantHandle::run` under `Fencing::Session`.
+    Session,
+    /// `TenantHandle::run` under `Fencing::Transaction`.
+    Transaction,
+    /// Unfenced, `search_path` pinned per transaction, unqualified table.
     Pinned,
+    /// Unfenced, qualified table.
+    Bare,
+    /// Unfenced, qualified table, a `FOR SHARE` read of a fencing row per transaction.
+    Peer,
 }
 
-/// Every mode, in the order of the first round; later rounds rotate it.
-const MODES: [Mode; 3] = [Mode::Fenced, Mode::Unfenced, Mode::Pinned];
+const MODES: [Mode; 5] = [
+    Mode::Session,
+    Mode::Transaction,
+    Mode::Pinned,
+    Mode::Bare,
+    Mode::Peer,
+];
 
-/// The baseline's statements.
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Session => "session",
+            Mode::Transaction => "transaction",
+            Mode::Pinned => "pinned",
+            Mode::Bare => "bare",
+            Mode::Peer => "peer",
+        }
+    }
+
+    fn index(self) -> usize {
+        MODES.iter().position(|m| *m == self).expect("a mode")
+    }
+}
+
+/// The hygiene A/B's workloads: (session fencing?, switching tenants?).
+const HYGIENE_KINDS: [(bool, bool); 4] =
+    [(true, false), (false, false), (true, true), (false, true)];
+
+fn hygiene_kind_name(kind: (bool, bool)) -> &'static str {
+    match kind {
+        (true, false) => "session, one tenant",
+        (false, false) => "transaction, one tenant",
+        (true, true) => "session, two tenants alternating",
+        (false, true) => "transaction, two tenants alternating",
+    }
+}
+
+/// What one round runs.
+#[derive(Clone, Copy)]
+enum Job {
+    Mode(Mode, Variant),
+    /// One typed INSERT on the session (or transaction) fencing tenant; with `switching`,
+    /// odd transactions go to a second tenant of the same router.
+    Hygiene {
+        session: bool,
+        switching: bool,
+    },
+}
+
+/// Everything a client task needs.
 #[derive(Clone)]
-struct Baseline {
+struct Sides {
+    session: TenantHandle,
+    session2: TenantHandle,
+    transaction: TenantHandle,
+    transaction2: TenantHandle,
+    /// The transaction-fencing router's data pool, used by the unfenced modes.
+    pool: Pool,
     /// `INSERT INTO baseline.tput_cN …`
     qualified: Arc<str>,
     /// `INSERT INTO tput_cN …`, under `search_path = baseline`.
     unqualified: Arc<str>,
+    shard: i32,
+    postmaster: u32,
 }
-
-/// The pinning statement of [`Mode::Pinned`].
-const PIN_SQL: &str = "SELECT set_config('search_path', $1, true)";
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("child") {
-        let [_, _, url, replica, ledger] = &args[..] else {
-            panic!("usage: bench_leases child <url> <replica> <ledger>");
+        let [_, _, url, replica, ledger, fencing] = &args[..] else {
+            panic!("usage: bench_leases child <url> <replica> <ledger> <session|transaction>");
         };
-        child(url, replica, ledger).await;
+        child(url, replica, ledger, fencing == "session").await;
         return;
     }
+    let mut cfg = if args.iter().any(|a| a == "--quick") {
+        QUICK
+    } else {
+        FULL
+    };
+    // `--hygiene-only`: part 2 alone, at 8 clients (the target's), with twice the rounds.
+    let hygiene_only = args.iter().any(|a| a == "--hygiene-only");
+    if hygiene_only {
+        cfg.hygiene_rounds *= 2;
+    }
     let started = Instant::now();
+    let mut loads = vec![("start", load_average())];
 
     let (db, admin) = fresh_database().await;
     let url = db.url().to_owned();
     let server = server_info(&admin).await;
+    let backend: i32 = admin
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("backend pid")
+        .get(0);
+    let postmaster = postmaster_of(backend).expect("the server runs on this machine");
     admin
-        .batch_execute("CREATE SCHEMA baseline")
+        .batch_execute(
+            "CREATE SCHEMA baseline;
+             CREATE TABLE baseline.shards (shard_id integer PRIMARY KEY, range_id bigint NOT NULL)",
+        )
         .await
         .expect("baseline schema");
 
-    eprintln!("[bench] part 1: throughput");
-    let throughput = bench_throughput(&url, &admin).await;
-    eprintln!("[bench] part 2: takeover");
-    let takeover = bench_takeover(&url).await;
-    eprintln!("[bench] part 3: heartbeat");
-    let (heartbeat, interleaved) = bench_heartbeat(&url, &admin).await;
+    eprintln!("[bench] parts 1 and 2: throughput and hygiene");
+    let mut throughput = Vec::new();
+    let mut hygiene = Vec::new();
+    if hygiene_only {
+        let (_, row) = bench_clients(&cfg, &url, &admin, 8, postmaster, false).await;
+        loads.push(("end", load_average()));
+        let mut out = format!(
+            "# Session hygiene A/B only (`{COMMAND} -- --hygiene-only`)\n\n- Date: {}\n- Load average (1/5/15 min): {}\n- Wall time: {:.1} s\n\n",
+            server.date,
+            loads
+                .iter()
+                .map(|(at, load)| format!("{at} {load}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+            started.elapsed().as_secs_f64()
+        );
+        render_hygiene(&mut out, &cfg, std::slice::from_ref(&row));
+        println!("{out}");
+        for line in summary_lines(&[], std::slice::from_ref(&row), &[]) {
+            println!("{line}");
+        }
+        return;
+    }
+    for clients in CONCURRENCY {
+        let (rows, row) = bench_clients(&cfg, &url, &admin, clients, postmaster, true).await;
+        throughput.extend(rows);
+        hygiene.push(row);
+        loads.push(("after throughput", load_average()));
+    }
+    eprintln!("[bench] part 3: takeover");
+    let takeover = bench_takeover(&cfg, &url, &admin).await;
+    loads.push(("after takeover", load_average()));
+    eprintln!("[bench] part 4: heartbeat");
+    let heartbeat = bench_heartbeat(&cfg, &url, &admin).await;
+    loads.push(("end", load_average()));
 
     let wall = started.elapsed();
-    let info = RunInfo { server };
     let report = render(
-        &info,
+        &cfg,
+        &server,
+        &loads,
         &throughput,
+        &hygiene,
         &takeover,
         &heartbeat,
-        &interleaved,
         wall,
     );
     println!("{report}");
     let path = "/tmp/bench_leases.md";
     std::fs::write(path, &report).expect("write /tmp/bench_leases.md");
+    for line in summary_lines(&throughput, &hygiene, &takeover) {
+        println!("{line}");
+    }
     eprintln!(
         "[bench] wrote {path} (wall time {:.1} s)",
         wall.as_secs_f64()
@@ -158,179 +300,314 @@ async fn main() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Part 1: throughput
+// Parts 1 and 2: throughput and hygiene, per concurrency
 // ---------------------------------------------------------------------------------------
 
-struct ThroughputRow {
-    variant: Variant,
-    clients: usize,
-    fenced: Vec<f64>,
-    unfenced: Vec<f64>,
-    pinned: Vec<f64>,
-    /// Per round: CPU µs per committed transaction, (client, server).
-    fenced_cpu: Vec<(f64, f64)>,
-    unfenced_cpu: Vec<(f64, f64)>,
-    pinned_cpu: Vec<(f64, f64)>,
-    errors: u64,
-}
-
-async fn bench_throughput(url: &str, admin: &pgtenant::postgres::Client) -> Vec<ThroughputRow> {
-    let mut rows = Vec::new();
-    for clients in CONCURRENCY {
-        // Fenced side: a router whose data-path pool has `clients` connections, one tenant.
-        let router = Router::start(
-            RouterOptions::from_url(format!("tput-c{clients}"), url)
-                .expect("options")
-                .pool_size(clients),
-        )
-        .await
-        .expect("router starts");
-        let id = TenantId::new("bench", &format!("tput-c{clients}")).expect("tenant id");
-        let handle = router.open_or_create(&id).await.expect("open tenant");
-        handle
-            .run(|tx| {
-                Box::pin(async move {
-                    tx.batch_execute(
-                        "CREATE TABLE IF NOT EXISTS tput (client_id integer NOT NULL, n bigint NOT NULL)",
-                    )
-                    .await?;
-                    Ok::<_, pgtenant::Error>(())
-                })
-            })
-            .await
-            .expect("create tenant table");
-
-        // Unfenced side: a deadpool pool of the same size and recycling, an identical table.
-        let table = format!("baseline.tput_c{clients}");
-        admin
-            .batch_execute(&format!(
-                "CREATE TABLE {table} (client_id integer NOT NULL, n bigint NOT NULL)"
-            ))
-            .await
-            .expect("create baseline table");
-        let baseline = Baseline {
-            qualified: format!("INSERT INTO {table} (client_id, n) VALUES ($1, $2)").into(),
-            unqualified: format!("INSERT INTO tput_c{clients} (client_id, n) VALUES ($1, $2)")
-                .into(),
-        };
-        let pool = baseline_pool(url, clients);
-
-        for variant in VARIANTS {
-            let mut row = ThroughputRow {
-                variant,
-                clients,
-                fenced: Vec::new(),
-                unfenced: Vec::new(),
-                pinned: Vec::new(),
-                fenced_cpu: Vec::new(),
-                unfenced_cpu: Vec::new(),
-                pinned_cpu: Vec::new(),
-                errors: 0,
-            };
-            for mode in MODES {
-                let warmup = round(mode, variant, clients, WARMUP, &handle, &pool, &baseline).await;
-                row.errors += warmup.failed;
-            }
-            for r in 0..ROUNDS {
-                let mut order = MODES;
-                order.rotate_left(r % MODES.len());
-                for mode in order {
-                    let result =
-                        round(mode, variant, clients, ROUND, &handle, &pool, &baseline).await;
-                    row.errors += result.failed;
-                    let (tps, cpu) = match mode {
-                        Mode::Fenced => (&mut row.fenced, &mut row.fenced_cpu),
-                        Mode::Unfenced => (&mut row.unfenced, &mut row.unfenced_cpu),
-                        Mode::Pinned => (&mut row.pinned, &mut row.pinned_cpu),
-                    };
-                    tps.push(result.tps);
-                    cpu.push((result.client_us, result.server_us));
-                }
-            }
-            eprintln!(
-                "[bench]   {} clients={clients}: fenced {:.0} tx/s, unfenced {:.0} tx/s, pinned {:.0} tx/s",
-                match variant {
-                    Variant::Prepared => "A",
-                    Variant::Typed => "B",
-                    Variant::Batch4 => "C",
-                },
-                median(&row.fenced),
-                median(&row.unfenced),
-                median(&row.pinned)
-            );
-            rows.push(row);
-        }
-        pool.close();
-        drop(handle);
-        router.close().await;
-    }
-    rows
-}
-
-fn baseline_pool(url: &str, size: usize) -> Pool {
-    let config: pgtenant::postgres::Config = url.parse().expect("url");
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(10)))
-        .create_timeout(Some(Duration::from_secs(10)))
-        .build()
-        .expect("baseline pool")
-}
-
-/// One round's result.
-#[derive(Default)]
-struct RoundResult {
+/// One round's numbers.
+#[derive(Clone, Copy)]
+struct Sample {
     /// Committed transactions per second.
     tps: f64,
-    failed: u64,
-    /// CPU microseconds per committed transaction: this process (the client), the server.
+    /// CPU microseconds per committed transaction: this process, the server.
     client_us: f64,
     server_us: f64,
 }
 
-/// One round: `clients` tasks each run transactions back to back until the deadline.
-async fn round(
-    mode: Mode,
+struct ThroughputRow {
     variant: Variant,
     clients: usize,
-    length: Duration,
-    handle: &TenantHandle,
-    pool: &Pool,
-    baseline: &Baseline,
-) -> RoundResult {
-    let cpu_before = cpu_seconds();
+    /// Per mode (in [`MODES`] order), per round.
+    samples: [Vec<Sample>; 5],
+    errors: u64,
+}
+
+impl ThroughputRow {
+    fn tps(&self, mode: Mode) -> Vec<f64> {
+        self.samples[mode.index()].iter().map(|s| s.tps).collect()
+    }
+
+    fn median_tps(&self, mode: Mode) -> f64 {
+        median(&self.tps(mode))
+    }
+
+    /// Ratio of the medians.
+    fn ratio(&self, a: Mode, b: Mode) -> f64 {
+        self.median_tps(a) / self.median_tps(b)
+    }
+
+    /// Median of the per-round ratios (the two modes ran next to each other in each round).
+    fn paired(&self, a: Mode, b: Mode) -> f64 {
+        paired(&self.tps(a), &self.tps(b))
+    }
+}
+
+struct HygieneRow {
+    clients: usize,
+    /// [with the scrub, without][kind in HYGIENE_KINDS order], per round.
+    samples: [[Vec<Sample>; 4]; 2],
+    errors: u64,
+}
+
+impl HygieneRow {
+    fn tps(&self, on: bool, kind: usize) -> Vec<f64> {
+        self.samples[usize::from(!on)][kind]
+            .iter()
+            .map(|s| s.tps)
+            .collect()
+    }
+
+    /// With / without, ratio of medians.
+    fn ratio(&self, kind: usize) -> f64 {
+        median(&self.tps(true, kind)) / median(&self.tps(false, kind))
+    }
+}
+
+fn paired(a: &[f64], b: &[f64]) -> f64 {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
+    median(&ratios)
+}
+
+async fn start_router(url: &str, name: &str, clients: usize, session: bool) -> Router {
+    let fencing = if session {
+        Fencing::Session
+    } else {
+        Fencing::Transaction
+    };
+    let router = Router::start(
+        RouterOptions::from_url(name, url)
+            .expect("options")
+            .pool_size(clients)
+            .fencing(fencing),
+    )
+    .await
+    .expect("router starts");
+    assert_eq!(router.summary().fencing, fencing, "fencing in force");
+    router
+}
+
+async fn open_tenant(router: &Router, ledger: &str) -> TenantHandle {
+    let id = TenantId::new("bench", ledger).expect("tenant id");
+    let handle = router.open_or_create(&id).await.expect("open tenant");
+    handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS tput (client_id integer NOT NULL, n bigint NOT NULL)",
+                )
+                .await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+        .expect("create tenant table");
+    handle
+}
+
+async fn bench_clients(
+    cfg: &Config,
+    url: &str,
+    admin: &Client,
+    clients: usize,
+    postmaster: u32,
+    throughput: bool,
+) -> (Vec<ThroughputRow>, HygieneRow) {
+    let session_router = start_router(url, &format!("tput-s-c{clients}"), clients, true).await;
+    let transaction_router = start_router(url, &format!("tput-t-c{clients}"), clients, false).await;
+    let table = format!("baseline.tput_c{clients}");
+    let shard = i32::try_from(clients).expect("shard id");
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (client_id integer NOT NULL, n bigint NOT NULL);
+             INSERT INTO baseline.shards VALUES ({shard}, {PEER_RANGE})"
+        ))
+        .await
+        .expect("create baseline table");
+    let sides = Sides {
+        session: open_tenant(&session_router, &format!("s-c{clients}")).await,
+        session2: open_tenant(&session_router, &format!("s2-c{clients}")).await,
+        transaction: open_tenant(&transaction_router, &format!("t-c{clients}")).await,
+        transaction2: open_tenant(&transaction_router, &format!("t2-c{clients}")).await,
+        pool: transaction_router.pool().clone(),
+        qualified: format!("INSERT INTO {table} (client_id, n) VALUES ($1, $2)").into(),
+        unqualified: format!("INSERT INTO tput_c{clients} (client_id, n) VALUES ($1, $2)").into(),
+        shard,
+        postmaster,
+    };
+
+    let mut rows = Vec::new();
+    let variants: &[Variant] = if throughput { &VARIANTS } else { &[] };
+    for &variant in variants {
+        let mut row = ThroughputRow {
+            variant,
+            clients,
+            samples: Default::default(),
+            errors: 0,
+        };
+        for mode in MODES {
+            let job = Job::Mode(mode, variant);
+            row.errors += round(job, clients, cfg.warmup, &sides).await.1;
+        }
+        for r in 0..cfg.rounds {
+            let mut order = MODES;
+            order.rotate_left(r % MODES.len());
+            for mode in order {
+                let (sample, failed) =
+                    round(Job::Mode(mode, variant), clients, cfg.round, &sides).await;
+                row.errors += failed;
+                row.samples[mode.index()].push(sample);
+            }
+        }
+        eprintln!(
+            "[bench]   {} clients={clients}: {}",
+            if variant == Variant::One { "1" } else { "4" },
+            MODES
+                .iter()
+                .map(|m| format!("{} {:.0}", m.name(), row.median_tps(*m)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        rows.push(row);
+    }
+
+    let hygiene = bench_hygiene(cfg, admin, clients, &sides).await;
+
+    drop(sides);
+    session_router.close().await;
+    transaction_router.close().await;
+    (rows, hygiene)
+}
+
+/// The fence and enter functions as installed, and the same bodies without the session scrub.
+struct HygieneDefs {
+    fence_on: String,
+    fence_off: String,
+    enter_on: String,
+    enter_off: String,
+}
+
+const FENCE_SIGNATURE: &str = "pgtenant.fence(text, bigint, integer, text)";
+const ENTER_SIGNATURE: &str = "pgtenant.enter(text, text)";
+
+impl HygieneDefs {
+    async fn load(admin: &Client) -> HygieneDefs {
+        let def = |signature: &'static str| async move {
+            admin
+                .query_one(
+                    "SELECT pg_get_functiondef($1::text::regprocedure)",
+                    &[&signature],
+                )
+                .await
+                .expect("function definition")
+                .get::<_, String>(0)
+        };
+        let fence_on = def(FENCE_SIGNATURE).await;
+        let enter_on = def(ENTER_SIGNATURE).await;
+        HygieneDefs {
+            fence_off: without_scrub(&fence_on),
+            enter_off: without_scrub(&enter_on),
+            fence_on,
+            enter_on,
+        }
+    }
+
+    async fn install(&self, admin: &Client, on: bool) {
+        let (fence, enter) = if on {
+            (&self.fence_on, &self.enter_on)
+        } else {
+            (&self.fence_off, &self.enter_off)
+        };
+        admin.batch_execute(fence).await.expect("replace fence");
+        admin.batch_execute(enter).await.expect("replace enter");
+        let scrubs: bool = admin
+            .query_one(
+                "SELECT bool_and(prosrc LIKE '%reset_session%') FROM pg_proc
+                  WHERE oid IN ($1::text::regprocedure, $2::text::regprocedure)",
+                &[&FENCE_SIGNATURE, &ENTER_SIGNATURE],
+            )
+            .await
+            .expect("check the installed bodies")
+            .get(0);
+        assert_eq!(scrubs, on, "the installed fence and enter scrub iff on");
+    }
+}
+
+/// The function definition without its hygiene block: `IF <the connection changed tenant or
+/// role> THEN PERFORM pgtenant.reset_session(p_key); END IF;`.
+fn without_scrub(def: &str) -> String {
+    let start = def
+        .find("IF pg_catalog.current_setting('pgtenant.session_tenant'")
+        .expect("the scrub's condition");
+    let reset = start
+        + def[start..]
+            .find("PERFORM pgtenant.reset_session(p_key);")
+            .expect("the scrub");
+    let end = reset + def[reset..].find("END IF;").expect("the scrub's end") + "END IF;".len();
+    let stripped = format!("{}{}", &def[..start], &def[end..]);
+    assert!(!stripped.contains("reset_session"), "one scrub only");
+    stripped
+}
+
+async fn bench_hygiene(cfg: &Config, admin: &Client, clients: usize, sides: &Sides) -> HygieneRow {
+    let defs = HygieneDefs::load(admin).await;
+    let mut row = HygieneRow {
+        clients,
+        samples: Default::default(),
+        errors: 0,
+    };
+    let job = |(session, switching): (bool, bool)| Job::Hygiene { session, switching };
+    for on in [false, true] {
+        defs.install(admin, on).await;
+        for kind in HYGIENE_KINDS {
+            row.errors += round(job(kind), clients, cfg.warmup, sides).await.1;
+        }
+    }
+    // On, off, off, on, on, off, … (ABBA); the four workloads rotate within each round.
+    let mut installed = true;
+    for r in 0..cfg.hygiene_rounds {
+        let on = matches!(r % 4, 0 | 3);
+        if on != installed {
+            defs.install(admin, on).await;
+            installed = on;
+        }
+        let mut order = [0, 1, 2, 3];
+        order.rotate_left(r % 4);
+        for k in order {
+            let (sample, failed) = round(job(HYGIENE_KINDS[k]), clients, cfg.round, sides).await;
+            row.errors += failed;
+            row.samples[usize::from(!on)][k].push(sample);
+        }
+    }
+    defs.install(admin, true).await;
+    eprintln!(
+        "[bench]   hygiene clients={clients}: with/without {}",
+        (0..4)
+            .map(|k| format!(
+                "{} {:.3}",
+                hygiene_kind_name(HYGIENE_KINDS[k]),
+                row.ratio(k)
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    row
+}
+
+/// One round: `clients` tasks each run transactions back to back until the deadline. Returns
+/// the round's numbers and its failed transactions.
+async fn round(job: Job, clients: usize, length: Duration, sides: &Sides) -> (Sample, u64) {
+    let cpu_before = cpu_seconds_of(sides.postmaster);
     let start = Instant::now();
     let deadline = start + length;
     let mut tasks = JoinSet::new();
     for client in 0..clients {
-        let handle = handle.clone();
-        let pool = pool.clone();
-        let baseline = baseline.clone();
+        let sides = sides.clone();
         let client_id = i32::try_from(client).expect("client id");
         tasks.spawn(async move {
             let (mut done, mut failed) = (0_u64, 0_u64);
             let mut n: i64 = 0;
             while Instant::now() < deadline {
                 n += 1;
-                let result = match mode {
-                    Mode::Fenced => fenced_tx(&handle, variant, client_id, n).await,
-                    Mode::Unfenced => {
-                        unfenced_tx(&pool, variant, &baseline.qualified, None, client_id, n).await
-                    }
-                    Mode::Pinned => {
-                        let pin = Some("baseline");
-                        unfenced_tx(&pool, variant, &baseline.unqualified, pin, client_id, n).await
-                    }
-                };
-                match result {
+                match one_transaction(job, &sides, client_id, n).await {
                     Ok(()) => done += 1,
                     Err(error) => {
                         if failed == 0 {
@@ -350,17 +627,52 @@ async fn round(
         failed += f;
     }
     let elapsed = start.elapsed();
-    let (client_us, server_us) = match (cpu_before, cpu_seconds()) {
+    let (client_us, server_us) = match (cpu_before, cpu_seconds_of(sides.postmaster)) {
         (Some((c0, s0)), Some((c1, s1))) if done > 0 => {
             ((c1 - c0) * 1e6 / done as f64, (s1 - s0) * 1e6 / done as f64)
         }
         _ => (f64::NAN, f64::NAN),
     };
-    RoundResult {
+    let sample = Sample {
         tps: done as f64 / elapsed.as_secs_f64(),
-        failed,
         client_us,
         server_us,
+    };
+    (sample, failed)
+}
+
+async fn one_transaction(job: Job, sides: &Sides, client_id: i32, n: i64) -> Result<(), String> {
+    match job {
+        Job::Mode(Mode::Session, variant) => fenced_tx(&sides.session, variant, client_id, n).await,
+        Job::Mode(Mode::Transaction, variant) => {
+            fenced_tx(&sides.transaction, variant, client_id, n).await
+        }
+        Job::Mode(Mode::Pinned, variant) => {
+            let sql = &sides.unqualified;
+            plain_tx(&sides.pool, variant, sql, Extra::Pin, client_id, n).await
+        }
+        Job::Mode(Mode::Bare, variant) => {
+            let sql = &sides.qualified;
+            plain_tx(&sides.pool, variant, sql, Extra::None, client_id, n).await
+        }
+        Job::Mode(Mode::Peer, variant) => {
+            let sql = &sides.qualified;
+            let extra = Extra::Peer(sides.shard);
+            plain_tx(&sides.pool, variant, sql, extra, client_id, n).await
+        }
+        Job::Hygiene { session, switching } => {
+            let (first, second) = if session {
+                (&sides.session, &sides.session2)
+            } else {
+                (&sides.transaction, &sides.transaction2)
+            };
+            let handle = if switching && n % 2 == 1 {
+                second
+            } else {
+                first
+            };
+            fenced_tx(handle, Variant::One, client_id, n).await
+        }
     }
 }
 
@@ -373,27 +685,11 @@ async fn fenced_tx(
     handle
         .run(move |tx| {
             Box::pin(async move {
-                match variant {
-                    Variant::Prepared => {
-                        tx.execute(FENCED_INSERT, &[&client_id, &n]).await?;
-                    }
-                    Variant::Typed => {
-                        tx.execute_typed(
-                            FENCED_INSERT,
-                            &[(&client_id, Type::INT4), (&n, Type::INT8)],
-                        )
+                let inserts = if variant == Variant::One { 1 } else { 4 };
+                for k in 0..inserts {
+                    let n = n * 4 + k;
+                    tx.execute_typed(FENCED_INSERT, &[(&client_id, Type::INT4), (&n, Type::INT8)])
                         .await?;
-                    }
-                    Variant::Batch4 => {
-                        for k in 0..4 {
-                            let n = n * 4 + k;
-                            tx.execute_typed(
-                                FENCED_INSERT,
-                                &[(&client_id, Type::INT4), (&n, Type::INT8)],
-                            )
-                            .await?;
-                        }
-                    }
                 }
                 Ok::<_, pgtenant::Error>(())
             })
@@ -402,69 +698,93 @@ async fn fenced_tx(
         .map_err(|e| e.to_string())
 }
 
-/// The baseline transaction; with `pin`, `search_path` is set to that schema for the
-/// transaction by a prepared statement sent ahead of the work in the same flight.
-async fn unfenced_tx(
+/// What an unfenced transaction sends ahead of its work, in the same flight.
+#[derive(Clone, Copy)]
+enum Extra {
+    None,
+    /// `set_config('search_path', 'baseline', true)`.
+    Pin,
+    /// The fencing row's `FOR SHARE` read of this shard, checked before the commit.
+    Peer(i32),
+}
+
+/// The unfenced transaction on a pooled data connection (`BEGIN READ WRITE`: pgtenant's data
+/// sessions default to read-only), the extra statement prepared and pipelined ahead of the work.
+async fn plain_tx(
     pool: &Pool,
     variant: Variant,
     sql: &str,
-    pin: Option<&str>,
+    extra: Extra,
     client_id: i32,
     n: i64,
 ) -> Result<(), String> {
     let mut client = pool.get().await.map_err(|e| e.to_string())?;
-    let pin_statement = match pin {
-        Some(_) => Some(
-            client
-                .prepare_cached(PIN_SQL)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
-    let tx = client.transaction().await.map_err(|e| e.to_string())?;
+    let statement = match extra {
+        Extra::None => None,
+        Extra::Pin => Some(client.prepare_cached(PIN_SQL).await),
+        Extra::Peer(_) => Some(client.prepare_cached(PEER_SQL).await),
+    }
+    .transpose()
+    .map_err(|e| e.to_string())?;
+    let tx = client
+        .build_transaction()
+        .read_only(false)
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
     let work = async {
-        match variant {
-            Variant::Prepared => {
-                tx.execute(sql, &[&client_id, &n]).await?;
-            }
-            Variant::Typed => {
-                tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
-                    .await?;
-            }
-            Variant::Batch4 => {
-                for k in 0..4 {
-                    let n = n * 4 + k;
-                    tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
-                        .await?;
-                }
-            }
+        let inserts = if variant == Variant::One { 1 } else { 4 };
+        for k in 0..inserts {
+            let n = n * 4 + k;
+            tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
+                .await?;
         }
         Ok::<_, pgtenant::postgres::Error>(())
     };
-    match (&pin_statement, pin) {
-        // try_join polls the pin first, so its messages go out ahead of the work's.
-        (Some(statement), Some(schema)) => {
-            let params: [&(dyn pgtenant::postgres::types::ToSql + Sync); 1] = [&schema];
-            tokio::try_join!(tx.query(statement, &params), work).map(|_| ())
+    let schema = "baseline";
+    let shard = match extra {
+        Extra::Peer(shard) => shard,
+        _ => 0,
+    };
+    let (param, statement): (&(dyn ToSql + Sync), _) = match (extra, &statement) {
+        (Extra::Pin, Some(statement)) => (&schema, statement),
+        (Extra::Peer(_), Some(statement)) => (&shard, statement),
+        _ => {
+            work.await.map_err(|e| e.to_string())?;
+            return tx.commit().await.map_err(|e| e.to_string());
         }
-        _ => work.await,
+    };
+    // try_join polls the extra statement first, so its messages go out ahead of the work's.
+    let params = [param];
+    let (rows, ()) =
+        tokio::try_join!(tx.query(statement, &params), work).map_err(|e| e.to_string())?;
+    if let Extra::Peer(_) = extra {
+        let range: Option<i64> = rows.first().map(|row| row.get(0));
+        if range != Some(PEER_RANGE) {
+            return Err(format!("fenced: range_id {range:?}"));
+        }
     }
-    .map_err(|e| e.to_string())?;
     tx.commit().await.map_err(|e| e.to_string())
 }
 
 // ---------------------------------------------------------------------------------------
-// Part 2: takeover after the owner process is SIGKILLed
+// Part 3: takeover after the owner process is SIGKILLed
 // ---------------------------------------------------------------------------------------
 
-/// The owner process: opens the tenant, creates its table, says "ready", then waits forever.
-async fn child(url: &str, replica: &str, ledger: &str) {
+/// The owner process: opens the tenant, creates its table, binds `CHILD_POOL` data sessions
+/// (that many transactions at once), says "ready", then waits forever.
+async fn child(url: &str, replica: &str, ledger: &str, session: bool) {
+    let fencing = if session {
+        Fencing::Session
+    } else {
+        Fencing::Transaction
+    };
     let router = Router::start(
         RouterOptions::from_url(replica, url)
             .expect("options")
             .ttl(CHILD_TTL)
-            .pool_size(2),
+            .pool_size(CHILD_POOL)
+            .fencing(fencing),
     )
     .await
     .expect("child router starts");
@@ -478,13 +798,31 @@ async fn child(url: &str, replica: &str, ledger: &str) {
             Box::pin(async move {
                 tx.batch_execute("CREATE TABLE IF NOT EXISTS takeover_log (n bigint NOT NULL)")
                     .await?;
-                tx.execute("INSERT INTO takeover_log (n) VALUES ($1)", &[&0_i64])
-                    .await?;
                 Ok::<_, pgtenant::Error>(())
             })
         })
         .await
-        .expect("child writes");
+        .expect("child creates its table");
+    let mut writers = JoinSet::new();
+    for k in 0..CHILD_POOL {
+        let handle = handle.clone();
+        let k = i64::try_from(k).expect("k");
+        writers.spawn(async move {
+            handle
+                .run(move |tx| {
+                    Box::pin(async move {
+                        tx.execute("SELECT pg_sleep(0.05)", &[]).await?;
+                        tx.execute("INSERT INTO takeover_log (n) VALUES ($1)", &[&k])
+                            .await?;
+                        Ok::<_, pgtenant::Error>(())
+                    })
+                })
+                .await
+        });
+    }
+    while let Some(written) = writers.join_next().await {
+        written.expect("writer").expect("child writes");
+    }
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -496,253 +834,379 @@ async fn child(url: &str, replica: &str, ledger: &str) {
 }
 
 struct TakeoverResult {
+    session: bool,
+    /// With the bench's prototype of `pgtenant.terminate_bound`.
+    prototype: bool,
     latencies: Vec<Duration>,
     attempts: Vec<u32>,
+    /// Data sessions bound to the owner's incarnation when it was killed.
+    bound: Vec<i64>,
+    /// Takeovers after which the dead incarnation was sealed.
+    sealed: usize,
+    /// Bound sessions of dead owners left in `pgtenant.sessions` after the takeovers.
+    left: i64,
+    /// Open attempts refused with `Error::SealIncomplete` (retried).
+    seal_retries: u32,
 }
 
-async fn bench_takeover(url: &str) -> TakeoverResult {
+impl TakeoverResult {
+    fn name(&self) -> &'static str {
+        match (self.session, self.prototype) {
+            (true, false) => "session",
+            (false, _) => "transaction",
+            (true, true) => "session-prototype",
+        }
+    }
+}
+
+/// `pgtenant.terminate_bound` as V5 installs it, and the bench's prototype.
+const TERMINATE_BOUND_SIGNATURE: &str = "pgtenant.terminate_bound(text, bigint, integer[], bigint)";
+
+/// A prototype of `pgtenant.terminate_bound` (not in the library): signal every live bound
+/// backend first, then wait for all of them together, polling every millisecond, until none is
+/// left in `pg_stat_activity` (a backend leaves it at exit, after its transaction was aborted
+/// and its locks released). V5's loop calls `pg_terminate_backend(pid, timeout)` per backend,
+/// which polls every 100 ms (so each backend still alive costs 100 ms), and raises PTE01 when
+/// a backend exits on its own between its `pg_stat_activity` check and the call (the call then
+/// returns false: "not a PostgreSQL backend process").
+const TERMINATE_BOUND_PROTOTYPE: &str = r#"
+CREATE OR REPLACE FUNCTION pgtenant.terminate_bound(p_replica text, p_incarnation bigint, p_pids integer[],
+                                                   p_timeout_ms bigint)
+RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant AS $$
+DECLARE
+    v_pids integer[];
+    v_starts timestamptz[];
+    v_left integer;
+    v_deadline timestamptz := clock_timestamp() + greatest(p_timeout_ms, 1) * interval '1 millisecond';
+BEGIN
+    SELECT coalesce(array_agg(a.pid ORDER BY a.pid), '{}'), coalesce(array_agg(a.backend_start ORDER BY a.pid), '{}')
+      INTO v_pids, v_starts
+      FROM pgtenant.sessions ss JOIN pg_stat_activity a ON a.pid = ss.pid AND a.backend_start = ss.backend_start
+     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+       AND (p_pids IS NULL OR ss.pid = ANY (p_pids)) AND ss.pid <> pg_backend_pid();
+    PERFORM pg_terminate_backend(u.pid) FROM unnest(v_pids) AS u(pid);
+    LOOP
+        PERFORM pg_stat_clear_snapshot();
+        SELECT count(*) INTO v_left
+          FROM unnest(v_pids, v_starts) AS u(pid, started)
+          JOIN pg_stat_activity a ON a.pid = u.pid AND a.backend_start = u.started;
+        EXIT WHEN v_left = 0;
+        IF clock_timestamp() > v_deadline THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTE01',
+                MESSAGE = format('%s backends of replica %s incarnation %s did not exit within %s ms',
+                                 v_left, p_replica, p_incarnation, p_timeout_ms),
+                HINT = 'retry: nothing moved; the backend is being terminated';
+        END IF;
+        PERFORM pg_sleep(0.001);
+    END LOOP;
+    DELETE FROM pgtenant.sessions ss
+     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+       AND (p_pids IS NULL OR ss.pid = ANY (p_pids)) AND ss.pid <> pg_backend_pid();
+    RETURN cardinality(v_pids);
+END $$;
+"#;
+
+/// The takeover configurations: (session fencing?, the prototype terminate_bound?).
+const TAKEOVER_KINDS: [(bool, bool); 3] = [(true, false), (false, false), (true, true)];
+
+async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverResult; 3] {
     let exe = std::env::current_exe().expect("current exe");
-    let router = Router::start(
-        RouterOptions::from_url("takeover-survivor", url)
-            .expect("options")
-            .ttl(CHILD_TTL)
-            .pool_size(4),
-    )
-    .await
-    .expect("survivor router starts");
-    let mut result = TakeoverResult {
+    let installed: String = admin
+        .query_one(
+            "SELECT pg_get_functiondef($1::text::regprocedure)",
+            &[&TERMINATE_BOUND_SIGNATURE],
+        )
+        .await
+        .expect("terminate_bound's definition")
+        .get(0);
+    let mut prototype_installed = false;
+    let mut survivors = Vec::new();
+    for session in [true, false] {
+        let name = if session {
+            "takeover-survivor-s"
+        } else {
+            "takeover-survivor-t"
+        };
+        let fencing = if session {
+            Fencing::Session
+        } else {
+            Fencing::Transaction
+        };
+        survivors.push(
+            Router::start(
+                RouterOptions::from_url(name, url)
+                    .expect("options")
+                    .ttl(CHILD_TTL)
+                    .pool_size(4)
+                    .fencing(fencing),
+            )
+            .await
+            .expect("survivor router starts"),
+        );
+    }
+    let mut results = TAKEOVER_KINDS.map(|(session, prototype)| TakeoverResult {
+        session,
+        prototype,
         latencies: Vec::new(),
         attempts: Vec::new(),
-    };
-    for i in 0..TAKEOVERS {
-        let ledger = format!("t{i}");
-        let replica = format!("takeover-owner-{i}");
-        let mut owner = tokio::process::Command::new(&exe)
-            .args(["child", url, &replica, &ledger])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn owner process");
-        let stdout = owner.stdout.take().expect("owner stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-            .await
-            .expect("owner ready in time")
-            .expect("read owner stdout");
-        assert_eq!(line.as_deref(), Some("ready"), "owner process failed");
-        let id = TenantId::new("takeover", &ledger).expect("tenant id");
-
-        let killed_at = Instant::now();
-        owner.start_kill().expect("SIGKILL owner");
-        let mut attempts = 0_u32;
-        let handle = loop {
-            attempts += 1;
-            match router.open(&id).await {
-                Ok(handle) => break handle,
-                Err(pgtenant::Error::LeaseHeld { .. }) => {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                Err(error) => panic!("takeover of {id} failed: {error}"),
+        bound: Vec::new(),
+        sealed: 0,
+        left: 0,
+        seal_retries: 0,
+    });
+    for i in 0..cfg.takeovers {
+        // Interleaved, rotating which configuration goes first.
+        let mut order = [0, 1, 2];
+        order.rotate_left(i % 3);
+        for k in order {
+            let (session, prototype) = TAKEOVER_KINDS[k];
+            if session && prototype != prototype_installed {
+                let sql = if prototype {
+                    TERMINATE_BOUND_PROTOTYPE
+                } else {
+                    installed.as_str()
+                };
+                admin
+                    .batch_execute(sql)
+                    .await
+                    .expect("replace terminate_bound");
+                prototype_installed = prototype;
             }
-        };
-        handle
-            .run(|tx| {
-                Box::pin(async move {
-                    tx.execute("INSERT INTO takeover_log (n) VALUES ($1)", &[&1_i64])
-                        .await?;
-                    Ok::<_, pgtenant::Error>(())
+            let tag = match (session, prototype) {
+                (true, false) => "s",
+                (false, _) => "t",
+                (true, true) => "p",
+            };
+            let ledger = format!("{tag}{i}");
+            let replica = format!("takeover-owner-{tag}{i}");
+            let fencing = if session { "session" } else { "transaction" };
+            let mut owner = tokio::process::Command::new(&exe)
+                .args(["child", url, &replica, &ledger, fencing])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn owner process");
+            let stdout = owner.stdout.take().expect("owner stdout");
+            let mut lines = BufReader::new(stdout).lines();
+            let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+                .await
+                .expect("owner ready in time")
+                .expect("read owner stdout");
+            assert_eq!(line.as_deref(), Some("ready"), "owner process failed");
+            let bound: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pgtenant.sessions WHERE replica_id = $1",
+                    &[&replica],
+                )
+                .await
+                .expect("count bound sessions")
+                .get(0);
+            let id = TenantId::new("takeover", &ledger).expect("tenant id");
+            let router = &survivors[usize::from(!session)];
+
+            let killed_at = Instant::now();
+            owner.start_kill().expect("SIGKILL owner");
+            let (mut attempts, mut seal_retries) = (0_u32, 0_u32);
+            let handle = loop {
+                attempts += 1;
+                match router.open(&id).await {
+                    Ok(handle) => break handle,
+                    Err(pgtenant::Error::LeaseHeld { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    // Retryable; counted (see the report).
+                    Err(error @ pgtenant::Error::SealIncomplete { .. }) => {
+                        eprintln!("[bench]   takeover of {id}: {error}");
+                        seal_retries += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err(error) => panic!("takeover of {id} failed: {error}"),
+                }
+            };
+            handle
+                .run(|tx| {
+                    Box::pin(async move {
+                        tx.execute("INSERT INTO takeover_log (n) VALUES ($1)", &[&-1_i64])
+                            .await?;
+                        Ok::<_, pgtenant::Error>(())
+                    })
                 })
-            })
-            .await
-            .expect("fenced insert after takeover");
-        let latency = killed_at.elapsed();
-        result.latencies.push(latency);
-        result.attempts.push(attempts);
-        owner.wait().await.expect("reap owner");
-        handle.release().await.expect("release");
+                .await
+                .expect("fenced insert after takeover");
+            let latency = killed_at.elapsed();
+            owner.wait().await.expect("reap owner");
+            let (sealed, left): (bool, i64) = admin
+                .query_one(
+                    "SELECT r.sealed_at IS NOT NULL,
+                            (SELECT count(*) FROM pgtenant.sessions s WHERE s.replica_id = r.replica_id)
+                       FROM pgtenant.replicas r WHERE r.replica_id = $1",
+                    &[&replica],
+                )
+                .await
+                .map(|row| (row.get(0), row.get(1)))
+                .expect("seal state");
+            if session && !sealed {
+                eprintln!(
+                    "[bench]   takeover of {id}: the dead owner's incarnation was NOT sealed"
+                );
+            }
+            let result = &mut results[k];
+            result.latencies.push(latency);
+            result.attempts.push(attempts);
+            result.seal_retries += seal_retries;
+            result.bound.push(bound);
+            result.sealed += usize::from(sealed);
+            result.left += left;
+            handle.release().await.expect("release");
+        }
     }
-    router.close().await;
-    result
+    if prototype_installed {
+        admin
+            .batch_execute(&installed)
+            .await
+            .expect("restore terminate_bound");
+    }
+    for router in survivors {
+        router.close().await;
+    }
+    results
 }
 
 // ---------------------------------------------------------------------------------------
-// Part 3: heartbeat cost against held tenants
+// Part 4: heartbeat cost against held tenants
 // ---------------------------------------------------------------------------------------
 
-/// (held tenants, heartbeat samples) per replica of the interleaved check.
-type Interleaved = Vec<(i64, Vec<Duration>)>;
-
-struct HeartbeatRow {
-    held: i64,
-    heartbeat: Vec<Duration>,
+struct HeartbeatResult {
+    /// (held tenants, heartbeat samples) per replica.
+    rows: Vec<(i64, Vec<Duration>)>,
     status: Vec<Duration>,
     status_no_jit: Vec<Duration>,
     plan_note: String,
 }
 
-async fn bench_heartbeat(
-    url: &str,
-    admin: &pgtenant::postgres::Client,
-) -> (Vec<HeartbeatRow>, Interleaved) {
-    let replica = "heartbeat-bench";
-    let router = Router::start(
-        RouterOptions::from_url(replica, url)
-            .expect("options")
-            .ttl(Duration::from_secs(10))
-            .pool_size(2),
-    )
-    .await
-    .expect("heartbeat router starts");
-    let incarnation = router.incarnation().expect("registered").get();
-    let mut rows = Vec::new();
-    let mut have: i64 = 0;
-    for held in HELD {
-        admin
-            .execute(
-                "INSERT INTO pgtenant.tenants (key, organization, ledger, schema_name, epoch, owner, owner_incarnation)
-                 SELECT 'hb/l' || g, 'hb', 'l' || g, NULL, 1, $1, $2
-                   FROM generate_series($3::bigint, $4::bigint) AS g",
-                &[&replica, &incarnation, &(have + 1), &held],
-            )
+/// One replica registered by hand on its own connection (liveness lock, `pgtenant.register`),
+/// as a lease session does.
+struct HandRegistered {
+    held: i64,
+    replica: String,
+    incarnation: i64,
+    secret: String,
+    client: Client,
+}
+
+async fn bench_heartbeat(cfg: &Config, url: &str, admin: &Client) -> HeartbeatResult {
+    let mut replicas = Vec::new();
+    for held in cfg.held {
+        let replica = format!("heartbeat-{held}");
+        let (client, connection) = pgtenant::postgres::connect(url, NoTls)
             .await
-            .expect("insert held tenants");
-        have = held;
-        admin
-            .batch_execute("VACUUM ANALYZE pgtenant.tenants")
-            .await
-            .expect("vacuum analyze");
-        let counted: i64 = admin
+            .expect("connect a lease session");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let locked: bool = client
             .query_one(
-                "SELECT tenants_held FROM pgtenant.replica_status WHERE replica_id = $1",
+                "SELECT pg_try_advisory_lock(pgtenant.lock_namespace(), pgtenant.replica_lock_key($1))",
                 &[&replica],
             )
             .await
-            .expect("replica_status")
+            .expect("take the liveness lock")
             .get(0);
-        assert_eq!(counted, held, "replica_status counts the held tenants");
-
-        let mut heartbeat = Vec::with_capacity(HEARTBEAT_SAMPLES);
-        for i in 0..HEARTBEAT_SAMPLES + 20 {
-            let elapsed = heartbeat_once(admin, replica, incarnation).await;
-            if i >= 20 {
-                heartbeat.push(elapsed);
-            }
-        }
-        let status = time_status(admin).await;
-        let plan_note = explain_status(admin).await;
-        admin.batch_execute("SET jit = off").await.expect("jit off");
-        let status_no_jit = time_status(admin).await;
-        admin.batch_execute("RESET jit").await.expect("reset jit");
-        eprintln!(
-            "[bench]   held={held}: heartbeat median {:.3} ms, replica_status median {:.3} ms",
-            ms(median_d(&heartbeat)),
-            ms(median_d(&status))
-        );
-        rows.push(HeartbeatRow {
-            held,
-            heartbeat,
-            status,
-            status_no_jit,
-            plan_note,
-        });
-    }
-    let interleaved = interleaved_heartbeats(url, admin, replica, incarnation).await;
-    router.close().await;
-    (rows, interleaved)
-}
-
-/// One heartbeat-equivalent statement for (replica, incarnation), timed; it must renew.
-async fn heartbeat_once(
-    admin: &pgtenant::postgres::Client,
-    replica: &str,
-    incarnation: i64,
-) -> Duration {
-    let ttl_ms: i32 = 10_000;
-    let t = Instant::now();
-    let renewed = admin
-        .query_typed_opt(
-            HEARTBEAT_EQUIVALENT_SQL,
-            &[
-                (&replica, Type::TEXT),
-                (&incarnation, Type::INT8),
-                (&ttl_ms, Type::INT4),
-            ],
-        )
-        .await
-        .expect("heartbeat-equivalent statement");
-    let elapsed = t.elapsed();
-    assert!(
-        renewed.is_some(),
-        "the heartbeat-equivalent statement renewed"
-    );
-    elapsed
-}
-
-/// The noise-fair check: two more replicas holding 1 and 1 000 tenants next to the one holding
-/// 100 000, heartbeats sent round robin (rotating who goes first), so drift hits all three alike.
-async fn interleaved_heartbeats(
-    url: &str,
-    admin: &pgtenant::postgres::Client,
-    big_replica: &str,
-    big_incarnation: i64,
-) -> Vec<(i64, Vec<Duration>)> {
-    let mut routers = Vec::new();
-    let mut replicas = Vec::new();
-    for (held, org) in [(1_i64, "hb1"), (1_000, "hb1k")] {
-        let replica = format!("heartbeat-{org}");
-        let router = Router::start(
-            RouterOptions::from_url(replica.clone(), url)
-                .expect("options")
-                .ttl(Duration::from_secs(10))
-                .pool_size(1),
-        )
-        .await
-        .expect("heartbeat router starts");
-        let incarnation = router.incarnation().expect("registered").get();
+        assert!(locked, "the liveness lock of {replica} is free");
+        let row = client
+            .query_one(
+                "SELECT incarnation, secret FROM pgtenant.register($1, $2, NULL)",
+                &[&replica, &HEARTBEAT_TTL_MS],
+            )
+            .await
+            .expect("register");
+        let (incarnation, secret): (i64, String) = (row.get(0), row.get(1));
         admin
             .execute(
                 "INSERT INTO pgtenant.tenants (key, organization, ledger, schema_name, epoch, owner, owner_incarnation)
                  SELECT $1 || '/l' || g, $1, 'l' || g, NULL, 1, $2, $3
                    FROM generate_series(1, $4::bigint) AS g",
-                &[&org, &replica, &incarnation, &held],
+                &[&format!("hb{held}"), &replica, &incarnation, &held],
             )
             .await
             .expect("insert held tenants");
-        routers.push(router);
-        replicas.push((held, replica, incarnation));
+        replicas.push(HandRegistered {
+            held,
+            replica,
+            incarnation,
+            secret,
+            client,
+        });
     }
-    replicas.push((HELD[2], big_replica.to_owned(), big_incarnation));
     admin
         .batch_execute("VACUUM ANALYZE pgtenant.tenants")
         .await
         .expect("vacuum analyze");
+    for r in &replicas {
+        let counted: i64 = admin
+            .query_one(
+                "SELECT tenants_held FROM pgtenant.replica_status WHERE replica_id = $1",
+                &[&r.replica],
+            )
+            .await
+            .expect("replica_status")
+            .get(0);
+        assert_eq!(counted, r.held, "replica_status counts the held tenants");
+    }
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); replicas.len()];
-    for i in 0..HEARTBEAT_SAMPLES + 20 {
+    for i in 0..cfg.heartbeat_samples + 20 {
         for k in 0..replicas.len() {
             let j = (i + k) % replicas.len();
-            let (_, replica, incarnation) = &replicas[j];
-            let elapsed = heartbeat_once(admin, replica, *incarnation).await;
+            let elapsed = heartbeat_once(&replicas[j]).await;
             if i >= 20 {
                 samples[j].push(elapsed);
             }
         }
     }
-    for router in routers {
-        router.close().await;
+    let status = time_status(admin, cfg.status_samples).await;
+    let plan_note = explain_status(admin).await;
+    admin.batch_execute("SET jit = off").await.expect("jit off");
+    let status_no_jit = time_status(admin, cfg.status_samples).await;
+    admin.batch_execute("RESET jit").await.expect("reset jit");
+    HeartbeatResult {
+        rows: replicas.iter().map(|r| r.held).zip(samples).collect(),
+        status,
+        status_no_jit,
+        plan_note,
     }
-    replicas
-        .iter()
-        .zip(samples)
-        .map(|((held, _, _), s)| (*held, s))
-        .collect()
 }
 
-/// `SELECT * FROM pgtenant.replica_status`, timed `STATUS_SAMPLES` times after 5 untimed runs.
-async fn time_status(admin: &pgtenant::postgres::Client) -> Vec<Duration> {
-    let mut status = Vec::with_capacity(STATUS_SAMPLES);
-    for i in 0..STATUS_SAMPLES + 5 {
+/// One `pgtenant.heartbeat` call on the replica's own session, timed; it must renew.
+async fn heartbeat_once(r: &HandRegistered) -> Duration {
+    let t = Instant::now();
+    let renewed: bool = r
+        .client
+        .query_typed(
+            HEARTBEAT_SQL,
+            &[
+                (&r.replica, Type::TEXT),
+                (&r.incarnation, Type::INT8),
+                (&r.secret, Type::TEXT),
+                (&HEARTBEAT_TTL_MS, Type::INT4),
+            ],
+        )
+        .await
+        .expect("heartbeat")
+        .first()
+        .expect("one row")
+        .get(0);
+    let elapsed = t.elapsed();
+    assert!(renewed, "the heartbeat renewed");
+    elapsed
+}
+
+/// `SELECT * FROM pgtenant.replica_status`, timed `samples` times after 5 untimed runs.
+async fn time_status(admin: &Client, samples: usize) -> Vec<Duration> {
+    let mut status = Vec::with_capacity(samples);
+    for i in 0..samples + 5 {
         let t = Instant::now();
         admin
             .query("SELECT * FROM pgtenant.replica_status", &[])
@@ -755,14 +1219,8 @@ async fn time_status(admin: &pgtenant::postgres::Client) -> Vec<Duration> {
     status
 }
 
-/// What EXPLAIN ANALYZE says about replica_status: replica rows, the planner's estimate of the
-/// tenants counted per replica, execution time and JIT time.
-async fn explain_status(admin: &pgtenant::postgres::Client) -> String {
-    let replicas: i64 = admin
-        .query_one("SELECT count(*) FROM pgtenant.replicas", &[])
-        .await
-        .expect("count replicas")
-        .get(0);
+/// What EXPLAIN ANALYZE says about replica_status: execution time and JIT time.
+async fn explain_status(admin: &Client) -> String {
     let lines: Vec<String> = admin
         .query(
             "EXPLAIN (ANALYZE, FORMAT TEXT) SELECT * FROM pgtenant.replica_status",
@@ -779,22 +1237,15 @@ async fn explain_status(admin: &pgtenant::postgres::Client) -> String {
             .find(|l| l.contains(needle))
             .map(|l| l.trim().to_owned())
     };
-    let estimate = lines
-        .iter()
-        .find(|l| l.contains("on tenants t"))
-        .and_then(|l| l.split("rows=").nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("?")
-        .to_owned();
     let execution = find("Execution Time").unwrap_or_default();
     let jit = find("Timing: Generation")
         .and_then(|l| l.split("Total").nth(1).map(|t| t.trim().to_owned()))
         .map_or_else(|| "no JIT".to_owned(), |total| format!("JIT {total}"));
-    format!("{replicas} replica rows, est. {estimate} tenant rows per replica; {execution}; {jit}")
+    format!("{execution}; {jit}")
 }
 
 // ---------------------------------------------------------------------------------------
-// Statistics and the report
+// The report
 // ---------------------------------------------------------------------------------------
 
 fn list(values: &[f64]) -> String {
@@ -805,246 +1256,332 @@ fn list(values: &[f64]) -> String {
         .join(", ")
 }
 
-/// Where and when the run happened.
-struct RunInfo {
-    server: ServerInfo,
+fn yes(met: bool) -> &'static str {
+    if met {
+        "yes"
+    } else {
+        "no"
+    }
 }
 
-fn render(
-    info: &RunInfo,
+/// The machine-readable lines: one per concurrency for one INSERT (`fence-bench:`), for four
+/// (`fence-bench-4:`), for hygiene (`hygiene-bench:`), and one per fencing for takeover.
+fn summary_lines(
     throughput: &[ThroughputRow],
-    takeover: &TakeoverResult,
-    heartbeat: &[HeartbeatRow],
-    interleaved: &[(i64, Vec<Duration>)],
+    hygiene: &[HygieneRow],
+    takeover: &[TakeoverResult],
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for (variant, prefix) in [
+        (Variant::One, "fence-bench"),
+        (Variant::Four, "fence-bench-4"),
+    ] {
+        for row in throughput.iter().filter(|r| r.variant == variant) {
+            lines.push(format!(
+                "{prefix}: clients={} session/pinned={:.3} transaction/pinned={:.3} bare/pinned={:.3} peer/pinned={:.3} session/peer={:.3}",
+                row.clients,
+                row.ratio(Mode::Session, Mode::Pinned),
+                row.ratio(Mode::Transaction, Mode::Pinned),
+                row.ratio(Mode::Bare, Mode::Pinned),
+                row.ratio(Mode::Peer, Mode::Pinned),
+                row.ratio(Mode::Session, Mode::Peer),
+            ));
+        }
+    }
+    for row in hygiene {
+        lines.push(format!(
+            "hygiene-bench: clients={} session={:.3} transaction={:.3} session-switching={:.3} transaction-switching={:.3}",
+            row.clients,
+            row.ratio(0),
+            row.ratio(1),
+            row.ratio(2),
+            row.ratio(3),
+        ));
+    }
+    for t in takeover {
+        lines.push(format!(
+            "takeover-bench: fencing={} samples={} p50_ms={:.1} p99_ms={:.1}",
+            t.name(),
+            t.latencies.len(),
+            ms(median_d(&t.latencies)),
+            ms(percentile_d(&t.latencies, 99.0)),
+        ));
+    }
+    lines
+}
+
+#[allow(clippy::too_many_arguments)]
+fn render(
+    cfg: &Config,
+    server: &ServerInfo,
+    loads: &[(&str, String)],
+    throughput: &[ThroughputRow],
+    hygiene: &[HygieneRow],
+    takeover: &[TakeoverResult],
+    heartbeat: &HeartbeatResult,
     wall: Duration,
 ) -> String {
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
     let cpu = cpu_model().unwrap_or_else(|| "unknown".to_owned());
+    let command = if cfg.quick {
+        format!("{COMMAND} -- --quick")
+    } else {
+        COMMAND.to_owned()
+    };
     let mut out = String::new();
     let w = &mut out;
-    let _ = writeln!(w, "# pgtenant benchmarks\n");
+    let _ = writeln!(
+        w,
+        "# Leases: fencing throughput, hygiene, takeover, heartbeat\n"
+    );
     let _ = writeln!(
         w,
         "Reproduce with `{COMMAND}` (needs PostgreSQL on 127.0.0.1:5432, trust auth; \
-         source: examples/bench_leases.rs).\n"
+         source: examples/bench_leases.rs; `-- --quick` for a short smoke run).\n"
     );
-    let _ = writeln!(w, "- Command: `{COMMAND}`");
-    let _ = writeln!(w, "- Date: {}", info.server.date);
+    let _ = writeln!(w, "- Command: `{command}`");
+    let _ = writeln!(w, "- Date: {}", server.date);
     let _ = writeln!(
         w,
         "- Machine: nproc = {nproc} ({cpu}); shared and noisy, the benchmark and PostgreSQL share the cores"
     );
-    let _ = writeln!(w, "- PostgreSQL: {}", info.server.pg_version);
-    let _ = writeln!(w, "- Server settings: {}", info.server.settings);
+    let _ = writeln!(
+        w,
+        "- Load average (1/5/15 min): {}",
+        loads
+            .iter()
+            .map(|(at, load)| format!("{at} {load}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    let _ = writeln!(w, "- PostgreSQL: {}", server.pg_version);
+    let _ = writeln!(w, "- Server settings: {}", server.settings);
     let _ = writeln!(
         w,
         "- Wall time of the whole run: {:.1} s\n",
         wall.as_secs_f64()
     );
 
-    let _ = writeln!(w, "## 1. Fenced vs unfenced transaction throughput\n");
+    let _ = writeln!(w, "### 1. Fenced, pinned, bare and peer throughput\n");
     let _ = writeln!(
         w,
-        "Each transaction: BEGIN; INSERT INTO <table> (client_id, n) VALUES ($1, $2); COMMIT. \
-         **Fenced**: `TenantHandle::run` on one tenant (table in the tenant schema; the fence statement \
-         is pipelined ahead of the INSERT). **Unfenced**: `client.transaction()` on a connection from a \
-         deadpool pool (same size, same fast recycling) into an identical table `baseline.tput_c<N>`, \
-         fully qualified. **Pinned**: the unfenced transaction as a schema-per-tenant application \
-         without pgtenant writes it: `set_config('search_path', 'baseline', true)` (prepared) pipelined \
-         ahead of the same INSERT with an unqualified table name. Pool size = clients on every side. \
-         {ROUNDS} rounds of {} s per mode and concurrency, the mode order rotating every round, after \
-         a {} ms warm-up of each. Values are committed tx/s; the target is fenced / unfenced ≥ 0.95; \
-         fenced / pinned is what the fence costs beyond the routing any such application pays.\n",
-        ROUND.as_secs(),
-        WARMUP.as_millis()
+        "Each transaction: BEGIN; one (A) or four (B) `INSERT INTO <table> (client_id, n) VALUES ($1, $2)` \
+         sent with `execute_typed`; COMMIT. **session**: `TenantHandle::run` on a router with \
+         `Fencing::Session` (`BEGIN READ WRITE`, `SELECT pgtenant.enter(key, schema)` pipelined ahead of \
+         the work, `CLOSE pgtenant_fenced; COMMIT`). **transaction**: the same on a router with \
+         `Fencing::Transaction` (`pgtenant.fence(key, epoch, lock, idle)` instead of enter). The \
+         unfenced modes run on the transaction router's own data pool (`router.pool()`, same size, \
+         same connections, `BEGIN READ WRITE`): **pinned** pipelines a prepared \
+         `set_config('search_path', 'baseline', true)` ahead of the INSERT into an unqualified table, \
+         as any schema-per-tenant application must; **bare** inserts into the fully qualified table; \
+         **peer** pipelines a prepared `SELECT range_id FROM baseline.shards WHERE shard_id = $1 FOR \
+         SHARE` (one fencing row per shard, shared by every client, as Temporal's shard check) ahead \
+         of the bare INSERT and commits only if it read the expected range_id. Pool size = clients. \
+         {} rounds of {} ms per mode, variant and concurrency, the order of the five modes rotating \
+         every round, after a {} ms warm-up of each. Values are committed tx/s (median over rounds); \
+         ratios are ratios of those medians, with the median of the per-round ratios in parentheses. \
+         Targets (DESIGN §8): session ≥ 0.97 × pinned with one INSERT; transaction ≥ 0.95 × pinned \
+         with four.\n",
+        cfg.rounds,
+        cfg.round.as_millis(),
+        cfg.warmup.as_millis()
     );
-    let paired = |a: &[f64], b: &[f64]| -> f64 {
-        let ratios: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b).collect();
-        median(&ratios)
-    };
     for variant in VARIANTS {
-        let _ = writeln!(w, "### {}\n", variant.title());
+        let _ = writeln!(w, "#### {}\n", variant.title());
         let _ = writeln!(
             w,
-            "| clients | fenced tx/s | unfenced tx/s | pinned tx/s | fenced / unfenced | per-round median | fenced / pinned | per-round median | target met | failed tx |"
+            "| clients | session | transaction | pinned | bare | peer | session / pinned | transaction / pinned | bare / pinned | peer / pinned | session / bare | session / peer | target met | failed tx |"
         );
-        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|");
+        let _ = writeln!(
+            w,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"
+        );
         for row in throughput.iter().filter(|r| r.variant == variant) {
-            let (f, u, p) = (
-                median(&row.fenced),
-                median(&row.unfenced),
-                median(&row.pinned),
-            );
-            let ratio = f / u;
+            let both =
+                |a: Mode, b: Mode| format!("{:.3} ({:.3})", row.ratio(a, b), row.paired(a, b));
+            let met = match variant {
+                Variant::One => row.ratio(Mode::Session, Mode::Pinned) >= 0.97,
+                Variant::Four => row.ratio(Mode::Transaction, Mode::Pinned) >= 0.95,
+            };
             let _ = writeln!(
                 w,
-                "| {} | {f:.0} | {u:.0} | {p:.0} | {ratio:.3} | {:.3} | {:.3} | {:.3} | {} | {} |",
+                "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.clients,
-                paired(&row.fenced, &row.unfenced),
-                f / p,
-                paired(&row.fenced, &row.pinned),
-                if ratio >= 0.95 { "yes" } else { "no" },
+                row.median_tps(Mode::Session),
+                row.median_tps(Mode::Transaction),
+                row.median_tps(Mode::Pinned),
+                row.median_tps(Mode::Bare),
+                row.median_tps(Mode::Peer),
+                both(Mode::Session, Mode::Pinned),
+                both(Mode::Transaction, Mode::Pinned),
+                both(Mode::Bare, Mode::Pinned),
+                both(Mode::Peer, Mode::Pinned),
+                both(Mode::Session, Mode::Bare),
+                both(Mode::Session, Mode::Peer),
+                match variant {
+                    Variant::One => format!("session: {}", yes(met)),
+                    Variant::Four => format!("transaction: {}", yes(met)),
+                },
                 row.errors
             );
         }
         let _ = writeln!(
             w,
             "\nCPU per committed transaction (µs, median over rounds; client = this process, \
-             server = every `postgres` process): on separate machines the server's CPU bounds \
-             throughput, so unfenced / fenced server CPU is the ratio a server-bound deployment \
-             would see.\n"
+             server = the postmaster under test and its children): on separate machines the \
+             server's CPU bounds throughput.\n"
         );
         let _ = writeln!(
             w,
-            "| clients | client fenced | client unfenced | client pinned | server fenced | server unfenced | server pinned | server unfenced / fenced | server pinned / fenced |"
+            "| clients | client: session | transaction | pinned | bare | peer | server: session | transaction | pinned | bare | peer | server pinned / session |"
         );
-        let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            w,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         for row in throughput.iter().filter(|r| r.variant == variant) {
-            let client = |cpu: &[(f64, f64)]| median(&cpu.iter().map(|c| c.0).collect::<Vec<_>>());
-            let server = |cpu: &[(f64, f64)]| median(&cpu.iter().map(|c| c.1).collect::<Vec<_>>());
-            let sf = server(&row.fenced_cpu);
+            let cpu = |mode: Mode, server: bool| {
+                median(
+                    &row.samples[mode.index()]
+                        .iter()
+                        .map(|s| if server { s.server_us } else { s.client_us })
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let mut line = format!("| {} |", row.clients);
+            for server in [false, true] {
+                for mode in MODES {
+                    let _ = write!(line, " {:.0} |", cpu(mode, server));
+                }
+            }
             let _ = writeln!(
                 w,
-                "| {} | {:.0} | {:.0} | {:.0} | {sf:.0} | {:.0} | {:.0} | {:.3} | {:.3} |",
-                row.clients,
-                client(&row.fenced_cpu),
-                client(&row.unfenced_cpu),
-                client(&row.pinned_cpu),
-                server(&row.unfenced_cpu),
-                server(&row.pinned_cpu),
-                server(&row.unfenced_cpu) / sf,
-                server(&row.pinned_cpu) / sf,
+                "{line} {:.3} |",
+                cpu(Mode::Pinned, true) / cpu(Mode::Session, true)
             );
         }
         let _ = writeln!(w, "\nPer-round tx/s (medians above):\n");
         for row in throughput.iter().filter(|r| r.variant == variant) {
             let _ = writeln!(
                 w,
-                "- {} clients: fenced [{}]; unfenced [{}]; pinned [{}]",
+                "- {} clients: {}",
                 row.clients,
-                list(&row.fenced),
-                list(&row.unfenced),
-                list(&row.pinned)
+                MODES
+                    .iter()
+                    .map(|m| format!("{} [{}]", m.name(), list(&row.tps(*m))))
+                    .collect::<Vec<_>>()
+                    .join("; ")
             );
         }
         let _ = writeln!(w);
     }
 
-    let _ = writeln!(w, "## 2. Takeover latency after the owner process dies\n");
+    render_hygiene(w, cfg, hygiene);
+
     let _ = writeln!(
         w,
-        "Real processes: for each of {TAKEOVERS} iterations a fresh tenant is opened by a child process \
-         (this example re-executed as `bench_leases child <url> <replica> <ledger>`, Router ttl {} s), \
-         which prints `ready` and sleeps. The parent SIGKILLs it, then loops `router.open(&id)` \
-         (retrying after 1 ms on `Error::LeaseHeld`) and runs one fenced INSERT. Time = from just \
-         before the SIGKILL to that INSERT's commit. Nearest-rank percentiles: with {TAKEOVERS} \
-         samples p99 is the maximum.\n",
+        "### 3. Takeover latency after the owner process dies, both fencings\n"
+    );
+    let _ = writeln!(
+        w,
+        "Real processes: for each of {} iterations per configuration a fresh \
+         tenant is opened by a child process (this example re-executed as `bench_leases child <url> \
+         <replica> <ledger> <fencing>`, Router ttl {} s, pool {CHILD_POOL}) that runs {CHILD_POOL} \
+         transactions at once (so under session fencing {CHILD_POOL} data sessions are bound to its \
+         incarnation and then idle), prints `ready` and sleeps. The parent counts the bound sessions, \
+         SIGKILLs the child, then loops `router.open(&id)` on a survivor router of the same fencing \
+         (retrying after 1 ms on `Error::LeaseHeld`, and on `Error::SealIncomplete`, which is \
+         retryable and counted below) and runs one fenced INSERT. Under session \
+         fencing the acquisition seals the dead incarnation and terminates (and waits for) its bound \
+         backends before the epoch moves; each such takeover is checked to have sealed it. **session-prototype**: \
+         session fencing with the bench's prototype of `pgtenant.terminate_bound` installed for those \
+         iterations (signal every live bound backend, then wait for all together, polling every 1 ms; \
+         V5's loop waits per backend with `pg_terminate_backend(pid, timeout)`, which polls every \
+         100 ms, and fails when a backend exits on its own between its check and the call: see \
+         `TERMINATE_BOUND_PROTOTYPE` in the source); the three configurations interleaved, rotating. \
+         Time = from just before the SIGKILL to that INSERT's commit. Nearest-rank percentiles (with 30 \
+         samples p99 is the maximum).\n",
+        cfg.takeovers,
         CHILD_TTL.as_secs()
     );
-    let lat = &takeover.latencies;
-    let p99 = percentile_d(lat, 99.0);
     let _ = writeln!(
         w,
-        "| samples | min | median | p90 | p99 | max | open attempts (median / max) | p99 < 100 ms |"
-    );
-    let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|:---:|");
-    let mut attempts = takeover.attempts.clone();
-    attempts.sort_unstable();
-    let _ = writeln!(
-        w,
-        "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {} / {} | {} |\n",
-        lat.len(),
-        ms(percentile_d(lat, 0.0)),
-        ms(median_d(lat)),
-        ms(percentile_d(lat, 90.0)),
-        ms(p99),
-        ms(percentile_d(lat, 100.0)),
-        attempts[attempts.len() / 2],
-        attempts[attempts.len() - 1],
-        if p99 < Duration::from_millis(100) {
-            "yes"
-        } else {
-            "no"
-        }
+        "| fencing | samples | min | median | p90 | p99 | max | open attempts (median / max) | bound sessions at the kill (median) | sealed | bound rows left | `SealIncomplete` retries | p99 < 100 ms |"
     );
     let _ = writeln!(
         w,
-        "All samples (ms): {}\n",
-        lat.iter()
-            .map(|d| format!("{:.1}", ms(*d)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"
     );
+    for t in takeover {
+        let lat = &t.latencies;
+        let p99 = percentile_d(lat, 99.0);
+        let mut attempts = t.attempts.clone();
+        attempts.sort_unstable();
+        let mut bound = t.bound.clone();
+        bound.sort_unstable();
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms | {} / {} | {} | {} of {} | {} | {} | {} |",
+            t.name(),
+            lat.len(),
+            ms(percentile_d(lat, 0.0)),
+            ms(median_d(lat)),
+            ms(percentile_d(lat, 90.0)),
+            ms(p99),
+            ms(percentile_d(lat, 100.0)),
+            attempts[attempts.len() / 2],
+            attempts[attempts.len() - 1],
+            bound[bound.len() / 2],
+            t.sealed,
+            lat.len(),
+            t.left,
+            t.seal_retries,
+            yes(p99 < Duration::from_millis(100)),
+        );
+    }
+    let _ = writeln!(w);
+    for t in takeover {
+        let _ = writeln!(
+            w,
+            "- {} samples (ms): {}",
+            t.name(),
+            t.latencies
+                .iter()
+                .map(|d| format!("{:.1}", ms(*d)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let _ = writeln!(w);
 
-    let _ = writeln!(w, "## 3. Heartbeat cost against held tenants\n");
+    let _ = writeln!(w, "### 4. Heartbeat cost against held tenants\n");
     let _ = writeln!(
         w,
-        "One replica started with `Router::start` (ttl 10 s); it is made to hold 1, 1 000 and \
-         100 000 tenants by inserting rows straight into `pgtenant.tenants` (owner = the replica, \
-         owner_incarnation = `router.incarnation()`, schema_name NULL) with `INSERT … SELECT FROM \
-         generate_series`, followed by `VACUUM ANALYZE pgtenant.tenants`; `replica_status.tenants_held` \
-         is checked to equal the target. The heartbeat's `backend_pid = pg_backend_pid()` condition \
-         can only hold on the replica's own lease session, so the statement timed here is the \
-         heartbeat of src/liveness.rs **without that condition**, sent with `query_typed_opt` (TEXT, \
-         INT8, INT4; the same call the router makes) from a separate connection; each run must \
-         return the incarnation (a real renewal). {HEARTBEAT_SAMPLES} timed runs per size after 20 \
-         untimed ones; `SELECT * FROM pgtenant.replica_status` is timed {STATUS_SAMPLES} times per \
-         size (after 5 untimed) for information, then again with `SET jit = off` on that session, and \
-         explained once. Times are client-side round trips on 127.0.0.1. \
-         Sizes are measured in sequence (1, then 1 000, then 100 000), not interleaved.\n"
-    );
-    let _ = writeln!(
-        w,
-        "| held tenants | heartbeat median | heartbeat p99 | replica_status median | replica_status p99 | replica_status median, `SET jit = off` |"
-    );
-    let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|");
-    for row in heartbeat {
-        let _ = writeln!(
-            w,
-            "| {} | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
-            row.held,
-            ms(median_d(&row.heartbeat)),
-            ms(percentile_d(&row.heartbeat, 99.0)),
-            ms(median_d(&row.status)),
-            ms(percentile_d(&row.status, 99.0)),
-            ms(median_d(&row.status_no_jit))
-        );
-    }
-    let _ = writeln!(
-        w,
-        "
-`EXPLAIN ANALYZE SELECT * FROM pgtenant.replica_status` (one run, default jit setting):
-"
-    );
-    for row in heartbeat {
-        let _ = writeln!(w, "- {} held: {}", row.held, row.plan_note);
-    }
-    if let (Some(first), Some(last)) = (heartbeat.first(), heartbeat.last()) {
-        let _ = writeln!(
-            w,
-            "\nRatio {} / {} held: heartbeat median ×{:.2}, heartbeat p99 ×{:.2}; replica_status median ×{:.1}.",
-            last.held,
-            first.held,
-            median_d(&last.heartbeat).as_secs_f64() / median_d(&first.heartbeat).as_secs_f64(),
-            percentile_d(&last.heartbeat, 99.0).as_secs_f64()
-                / percentile_d(&first.heartbeat, 99.0).as_secs_f64(),
-            median_d(&last.status).as_secs_f64() / median_d(&first.status).as_secs_f64(),
-        );
-    }
-    let _ = writeln!(
-        w,
-        "\nInterleaved check (noise-fair): two more replicas, started with `Router::start` and made to \
-         hold 1 and 1 000 tenants the same way, next to the one holding 100 000 (table: {} tenant rows \
-         in all). The three heartbeat-equivalent statements are sent round robin, rotating which goes \
-         first, {HEARTBEAT_SAMPLES} timed each after 20 untimed rounds.\n",
-        interleaved.iter().map(|(h, _)| h).sum::<i64>()
+        "Three replicas, each registered by hand on its own connection as a lease session does \
+         (liveness lock, `pgtenant.register(replica, ttl, NULL)`, which issues the incarnation's \
+         secret), made to hold {} tenants by inserting rows into `pgtenant.tenants` (owner = the \
+         replica and incarnation, schema_name NULL; `VACUUM ANALYZE` after; `replica_status.tenants_held` \
+         checked). Each sample is one real `SELECT pgtenant.heartbeat(replica, incarnation, secret, \
+         ttl)` (`query_typed`: TEXT, INT8, TEXT, INT4, as src/liveness.rs sends it) on the replica's own \
+         session, which must return true (a renewal); the three replicas' heartbeats are sent round \
+         robin, rotating which goes first, {} timed each after 20 untimed rounds. Then `SELECT * FROM \
+         pgtenant.replica_status` (all {} tenants) is timed {} times after 5 untimed, with the default \
+         jit setting and with `SET jit = off`. Client-side round trips on 127.0.0.1.\n",
+        cfg.held
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>()
+            .join(" / "),
+        cfg.heartbeat_samples,
+        cfg.held.iter().sum::<i64>(),
+        cfg.status_samples
     );
     let _ = writeln!(
         w,
         "| held tenants | heartbeat median | heartbeat p90 | heartbeat p99 |"
     );
     let _ = writeln!(w, "|---:|---:|---:|---:|");
-    for (held, samples) in interleaved {
+    for (held, samples) in &heartbeat.rows {
         let _ = writeln!(
             w,
             "| {held} | {:.3} ms | {:.3} ms | {:.3} ms |",
@@ -1053,16 +1590,96 @@ fn render(
             ms(percentile_d(samples, 99.0))
         );
     }
-    if let (Some((h1, s1)), Some((hn, sn))) = (
-        interleaved.iter().min_by_key(|(h, _)| *h),
-        interleaved.iter().max_by_key(|(h, _)| *h),
-    ) {
+    if let (Some((h1, s1)), Some((hn, sn))) = (heartbeat.rows.first(), heartbeat.rows.last()) {
         let _ = writeln!(
             w,
-            "\nRatio {hn} / {h1} held (interleaved): heartbeat median ×{:.2}, p99 ×{:.2}.",
+            "\nRatio {hn} / {h1} held: heartbeat median ×{:.2}, p99 ×{:.2}.",
             median_d(sn).as_secs_f64() / median_d(s1).as_secs_f64(),
             percentile_d(sn, 99.0).as_secs_f64() / percentile_d(s1, 99.0).as_secs_f64()
         );
     }
+    let _ = writeln!(
+        w,
+        "\n`replica_status`: median {:.3} ms, p99 {:.3} ms; with `SET jit = off` median {:.3} ms. \
+         EXPLAIN ANALYZE: {}.",
+        ms(median_d(&heartbeat.status)),
+        ms(percentile_d(&heartbeat.status, 99.0)),
+        ms(median_d(&heartbeat.status_no_jit)),
+        heartbeat.plan_note
+    );
     out
+}
+
+/// Part 2 of the report.
+fn render_hygiene(w: &mut String, cfg: &Config, hygiene: &[HygieneRow]) {
+    let _ = writeln!(w, "### 2. Session hygiene A/B\n");
+    let _ = writeln!(
+        w,
+        "The fence (`{FENCE_SIGNATURE}`) and the session-fencing entry (`{ENTER_SIGNATURE}`) \
+         begin with the session scrub of issue #8: `IF <the connection's tenant, role or session user \
+         changed> THEN PERFORM pgtenant.reset_session(key); END IF;` (three `current_setting` \
+         comparisons on every transaction; the reset itself only when the connection changes tenant \
+         or role). **with**: the functions as installed. **without**: the same bodies without that \
+         block (`pg_get_functiondef` minus the block, installed with `CREATE OR REPLACE` between \
+         rounds; everything else, the marker cursor and `READ WRITE` included, is the same). Same \
+         routers and tenants as part 1, one typed INSERT per transaction through `TenantHandle::run`; \
+         **one tenant**: every transaction on one tenant (the reset never fires after a connection's \
+         first transaction); **two tenants alternating**: each client alternates between two tenants \
+         of the same router, so a connection often changes tenant and the reset fires (the worst case \
+         of this mechanism). {} rounds of {} ms per workload, with/without in ABBA order (with, \
+         without, without, with, …), the four workloads rotating within each round, after a warm-up \
+         of each. Target (issue #8): hygiene costs at most 3 % at 8 clients, i.e. with / without ≥ \
+         0.97.\n",
+        cfg.hygiene_rounds,
+        cfg.round.as_millis()
+    );
+    let _ = writeln!(
+        w,
+        "| clients | workload | with tx/s | without tx/s | with / without | per-round median | server µs/tx with | without | target met (8 clients) |"
+    );
+    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---:|---:|:---:|");
+    for row in hygiene {
+        for (k, kind) in HYGIENE_KINDS.iter().enumerate() {
+            let server = |on: bool| {
+                median(
+                    &row.samples[usize::from(!on)][k]
+                        .iter()
+                        .map(|s| s.server_us)
+                        .collect::<Vec<_>>(),
+                )
+            };
+            let ratio = row.ratio(k);
+            let _ = writeln!(
+                w,
+                "| {} | {} | {:.0} | {:.0} | {ratio:.3} | {:.3} | {:.0} | {:.0} | {} |",
+                row.clients,
+                hygiene_kind_name(*kind),
+                median(&row.tps(true, k)),
+                median(&row.tps(false, k)),
+                paired(&row.tps(true, k), &row.tps(false, k)),
+                server(true),
+                server(false),
+                if row.clients == 8 {
+                    yes(ratio >= 0.97)
+                } else {
+                    "—"
+                },
+            );
+        }
+    }
+    let _ = writeln!(w, "\nPer-round tx/s, with | without:\n");
+    for row in hygiene {
+        for (k, kind) in HYGIENE_KINDS.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "- {} clients, {}: [{}] | [{}]; failed tx {}",
+                row.clients,
+                hygiene_kind_name(*kind),
+                list(&row.tps(true, k)),
+                list(&row.tps(false, k)),
+                row.errors
+            );
+        }
+    }
+    let _ = writeln!(w);
 }

@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Where a fenced transaction's cost goes, measured with pgbench (a C client, so the numbers are
 # the server's): the plain transaction `BEGIN; INSERT; COMMIT` against the same with one more
-# statement in front of the INSERT, from an empty `SELECT 1` up to the real fence.
+# statement in front of the INSERT, from an empty `SELECT 1` up to the real fence; and, for
+# session fencing, the pinned transaction against `pgtenant.enter` and its pieces.
 #
 #   bash examples/pgbench_fence.sh [clients] [seconds] [repetitions]
+#   VARIANTS="search_path pin_plpgsql enter_no_cursor enter" bash examples/pgbench_fence.sh
+#
+# Variants (default: all, in this order, interleaved over the repetitions):
+#   plain, select_1, empty, lock_only, read_only, search_path, fence: as described above;
+#   pin_plpgsql: search_path set by a plpgsql function (enter's call overhead, nothing else);
+#   enter_no_cursor: enter's body without the marker cursor (the hygiene check and the pin);
+#   enter: `SELECT pgtenant.enter(key, schema)`, the INSERT, `CLOSE pgtenant_fenced`, COMMIT (the
+#     library sends the CLOSE in the COMMIT's message; pgbench's prepared mode cannot, so here it
+#     is one more round trip, which a server-bound run does not feel).
 #
 # Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth), pgbench and a built
 # `target/debug/pgtenant` (cargo build -p pgtenant-cli). Creates and drops the database
@@ -33,6 +43,19 @@ CREATE FUNCTION public.lock_only(p_key text, p_epoch bigint, p_lock integer, p_i
     LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock_shared(1885828146, p_lock); RETURN 'x'; END $$;
 CREATE FUNCTION public.read_only(p_key text, p_epoch bigint, p_lock integer, p_idle text) RETURNS text
     LANGUAGE plpgsql AS $$ DECLARE v bigint; BEGIN SELECT epoch INTO v FROM pgtenant.tenants WHERE key = p_key; RETURN 'x'; END $$;
+-- Pieces of pgtenant.enter (V5).
+CREATE FUNCTION public.pin_plpgsql(p_key text, p_schema text) RETURNS void
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_catalog.set_config('search_path', p_schema || ', pg_temp', true); END $$;
+CREATE FUNCTION public.enter_no_cursor(p_key text, p_schema text) RETURNS void
+    LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.current_setting('pgtenant.session_tenant', true) IS DISTINCT FROM p_key
+       OR pg_catalog.current_setting('role') OPERATOR(pg_catalog.<>) 'none'
+       OR session_user::text IS DISTINCT FROM pg_catalog.current_setting('pgtenant.session_user', true) THEN
+        PERFORM pgtenant.reset_session(p_key);
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', p_schema OPERATOR(pg_catalog.||) ', pg_temp', true);
+END $$;
 SQL
 lock_key=$("${psql_[@]}" -d "$db" -At -c "SELECT lock_key FROM pgtenant.tenants WHERE key = 'o/l'")
 
@@ -47,7 +70,11 @@ for f in empty lock_only read_only; do
     printf "BEGIN;\nSELECT public.%s('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$f" "$lock_key" "$qualified" >"$dir/$f.sql"
 done
 printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence.sql"
-variants=(plain select_1 empty lock_only read_only search_path fence)
+for f in pin_plpgsql enter_no_cursor; do
+    printf "BEGIN;\nSELECT public.%s('o/l', 't_o_l_1');\n%s\nCOMMIT;\n" "$f" "$insert" >"$dir/$f.sql"
+done
+printf "BEGIN;\nSELECT pgtenant.enter('o/l', 't_o_l_1');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$insert" >"$dir/enter.sql"
+read -r -a variants <<<"${VARIANTS:-plain select_1 empty lock_only read_only search_path fence pin_plpgsql enter_no_cursor enter}"
 
 client_cpu=()
 if [ "${PIN_SERVER:-0}" = 1 ]; then
@@ -66,8 +93,9 @@ for rep in $(seq 1 "$repetitions"); do
 done
 
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-plain=$(echo "${tps[plain]}" | median)
-echo "| statement before the INSERT ($clients clients, ${seconds} s × $repetitions, PIN_SERVER=${PIN_SERVER:-0}) | tps (median) | × plain |"
+base=${variants[0]}
+plain=$(echo "${tps[$base]}" | median)
+echo "| statement before the INSERT ($clients clients, ${seconds} s × $repetitions, PIN_SERVER=${PIN_SERVER:-0}) | tps (median) | × $base |"
 echo "|---|---:|---:|"
 for v in "${variants[@]}"; do
     m=$(echo "${tps[$v]}" | median)

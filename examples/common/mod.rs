@@ -192,3 +192,46 @@ pub(crate) fn cpu_seconds() -> Option<(f64, f64)> {
     }
     Some((own as f64 / USER_HZ, server as f64 / USER_HZ))
 }
+
+/// The parent of a server backend (`SELECT pg_backend_pid()`): the postmaster of the server
+/// this benchmark talks to, from /proc.
+pub(crate) fn postmaster_of(backend_pid: i32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{backend_pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
+    stat[close + 2..].split(' ').nth(1)?.parse().ok()
+}
+
+/// Like [`cpu_seconds`], but the server side counts only the postmaster `postmaster` and its
+/// children (the server under test), not other PostgreSQL servers on the same machine.
+pub(crate) fn cpu_seconds_of(postmaster: u32) -> Option<(f64, f64)> {
+    fn ticks(stat: &str) -> Option<(u32, u32, u64)> {
+        let open = stat.find('(')?;
+        let close = stat.rfind(')')?;
+        let pid: u32 = stat[..open].trim().parse().ok()?;
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ppid: u32 = fields.get(1)?.parse().ok()?;
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some((pid, ppid, utime + stime))
+    }
+    const USER_HZ: f64 = 100.0;
+    let own = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?.2;
+    let mut server = 0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) {
+            if let Some((pid, ppid, t)) = ticks(&stat) {
+                if pid == postmaster || ppid == postmaster {
+                    server += t;
+                }
+            }
+        }
+    }
+    Some((own as f64 / USER_HZ, server as f64 / USER_HZ))
+}
+
+/// The 1-, 5- and 15-minute load averages, from /proc/loadavg.
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
