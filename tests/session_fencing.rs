@@ -400,3 +400,82 @@ async fn a_connection_cannot_bind_to_an_incarnation_whose_lease_session_is_gone(
         "{refused}"
     );
 }
+
+/// The race between seal_owner and acquire: the owner is alive when the contender's seal_owner
+/// looks (nothing sealed), and its lease session ends before acquire looks (owner dead, taken
+/// over at once). Its bound data session must still be gone once the epoch has moved: the
+/// epoch's own UPDATE seals (V7). Without that, the data session lives on under the old epoch.
+#[tokio::test]
+async fn a_takeover_seals_the_owner_even_when_it_died_after_seal_owner_looked() {
+    let (db, admin) = database().await;
+    let lease = db.connect().await.unwrap();
+    let lease_pid: i32 = lease
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (incarnation, secret) = support::register_by_hand(&lease, "racing").await;
+    lease
+        .execute(
+            "SELECT pgtenant.declare_session_fencing('racing', $1, $2)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .unwrap();
+    let acquire = "SELECT epoch FROM pgtenant.acquire('org/race', 'org', 'race', $1, $2, $3, true)";
+    let first: i64 = lease
+        .query_one(acquire, &[&"racing", &incarnation, &secret])
+        .await
+        .expect("the owner acquires")
+        .get(0);
+    let data = db.connect().await.unwrap();
+    data.query_one(
+        "SELECT pgtenant.bind('racing', $1, $2)",
+        &[&incarnation, &secret],
+    )
+    .await
+    .expect("the owner's data session binds");
+    let data_pid: i32 = data
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let mut taker = db.connect().await.unwrap();
+    let (taker_incarnation, taker_secret) = support::register_by_hand(&taker, "taker").await;
+    let tx = taker.transaction().await.unwrap();
+    let sealed: i32 = tx
+        .query_one(
+            "SELECT pgtenant.seal_owner('org/race', 'taker', $1, $2, 5000)",
+            &[&taker_incarnation, &taker_secret],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sealed, 0, "a live owner is not sealed");
+    drop(lease);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(&admin, &[lease_pid]).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the lease session's backend did not exit"
+        );
+        tokio::task::yield_now().await;
+    }
+    let second: i64 = tx
+        .query_one(acquire, &[&"taker", &taker_incarnation, &taker_secret])
+        .await
+        .expect("a dead owner is taken over at once")
+        .get(0);
+    assert!(second > first);
+    assert_eq!(
+        alive(&admin, &[data_pid]).await,
+        0,
+        "the old owner's bound data session outlived the UPDATE that moved its epoch"
+    );
+    tx.commit().await.unwrap();
+    assert!(
+        data.simple_query("SELECT 1").await.is_err(),
+        "the old owner's data session still answers"
+    );
+}

@@ -21,7 +21,7 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 6] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 7] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -45,6 +45,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 6] = [
     (
         "V6__fence_floor",
         include_str!("../../migrations/V6__fence_floor.sql"),
+    ),
+    (
+        "V7__seal_on_takeover",
+        include_str!("../../migrations/V7__seal_on_takeover.sql"),
     ),
 ];
 
