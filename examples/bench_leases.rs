@@ -835,8 +835,6 @@ async fn child(url: &str, replica: &str, ledger: &str, session: bool) {
 
 struct TakeoverResult {
     session: bool,
-    /// With the bench's prototype of `pgtenant.terminate_bound`.
-    prototype: bool,
     latencies: Vec<Duration>,
     attempts: Vec<u32>,
     /// Data sessions bound to the owner's incarnation when it was killed.
@@ -851,76 +849,19 @@ struct TakeoverResult {
 
 impl TakeoverResult {
     fn name(&self) -> &'static str {
-        match (self.session, self.prototype) {
-            (true, false) => "session",
-            (false, _) => "transaction",
-            (true, true) => "session-prototype",
+        if self.session {
+            "session"
+        } else {
+            "transaction"
         }
     }
 }
 
-/// `pgtenant.terminate_bound` as V5 installs it, and the bench's prototype.
-const TERMINATE_BOUND_SIGNATURE: &str = "pgtenant.terminate_bound(text, bigint, integer[], bigint)";
+/// The takeover configurations: session fencing or not.
+const TAKEOVER_KINDS: [bool; 2] = [true, false];
 
-/// A prototype of `pgtenant.terminate_bound` (not in the library): signal every live bound
-/// backend first, then wait for all of them together, polling every millisecond, until none is
-/// left in `pg_stat_activity` (a backend leaves it at exit, after its transaction was aborted
-/// and its locks released). V5's loop calls `pg_terminate_backend(pid, timeout)` per backend,
-/// which polls every 100 ms (so each backend still alive costs 100 ms), and raises PTE01 when
-/// a backend exits on its own between its `pg_stat_activity` check and the call (the call then
-/// returns false: "not a PostgreSQL backend process").
-const TERMINATE_BOUND_PROTOTYPE: &str = r#"
-CREATE OR REPLACE FUNCTION pgtenant.terminate_bound(p_replica text, p_incarnation bigint, p_pids integer[],
-                                                   p_timeout_ms bigint)
-RETURNS integer
-LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant AS $$
-DECLARE
-    v_pids integer[];
-    v_starts timestamptz[];
-    v_left integer;
-    v_deadline timestamptz := clock_timestamp() + greatest(p_timeout_ms, 1) * interval '1 millisecond';
-BEGIN
-    SELECT coalesce(array_agg(a.pid ORDER BY a.pid), '{}'), coalesce(array_agg(a.backend_start ORDER BY a.pid), '{}')
-      INTO v_pids, v_starts
-      FROM pgtenant.sessions ss JOIN pg_stat_activity a ON a.pid = ss.pid AND a.backend_start = ss.backend_start
-     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
-       AND (p_pids IS NULL OR ss.pid = ANY (p_pids)) AND ss.pid <> pg_backend_pid();
-    PERFORM pg_terminate_backend(u.pid) FROM unnest(v_pids) AS u(pid);
-    LOOP
-        PERFORM pg_stat_clear_snapshot();
-        SELECT count(*) INTO v_left
-          FROM unnest(v_pids, v_starts) AS u(pid, started)
-          JOIN pg_stat_activity a ON a.pid = u.pid AND a.backend_start = u.started;
-        EXIT WHEN v_left = 0;
-        IF clock_timestamp() > v_deadline THEN
-            RAISE EXCEPTION USING ERRCODE = 'PTE01',
-                MESSAGE = format('%s backends of replica %s incarnation %s did not exit within %s ms',
-                                 v_left, p_replica, p_incarnation, p_timeout_ms),
-                HINT = 'retry: nothing moved; the backend is being terminated';
-        END IF;
-        PERFORM pg_sleep(0.001);
-    END LOOP;
-    DELETE FROM pgtenant.sessions ss
-     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
-       AND (p_pids IS NULL OR ss.pid = ANY (p_pids)) AND ss.pid <> pg_backend_pid();
-    RETURN cardinality(v_pids);
-END $$;
-"#;
-
-/// The takeover configurations: (session fencing?, the prototype terminate_bound?).
-const TAKEOVER_KINDS: [(bool, bool); 3] = [(true, false), (false, false), (true, true)];
-
-async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverResult; 3] {
+async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverResult; 2] {
     let exe = std::env::current_exe().expect("current exe");
-    let installed: String = admin
-        .query_one(
-            "SELECT pg_get_functiondef($1::text::regprocedure)",
-            &[&TERMINATE_BOUND_SIGNATURE],
-        )
-        .await
-        .expect("terminate_bound's definition")
-        .get(0);
-    let mut prototype_installed = false;
     let mut survivors = Vec::new();
     for session in [true, false] {
         let name = if session {
@@ -945,9 +886,8 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
             .expect("survivor router starts"),
         );
     }
-    let mut results = TAKEOVER_KINDS.map(|(session, prototype)| TakeoverResult {
+    let mut results = TAKEOVER_KINDS.map(|session| TakeoverResult {
         session,
-        prototype,
         latencies: Vec::new(),
         attempts: Vec::new(),
         bound: Vec::new(),
@@ -957,27 +897,11 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
     });
     for i in 0..cfg.takeovers {
         // Interleaved, rotating which configuration goes first.
-        let mut order = [0, 1, 2];
-        order.rotate_left(i % 3);
+        let mut order = [0, 1];
+        order.rotate_left(i % 2);
         for k in order {
-            let (session, prototype) = TAKEOVER_KINDS[k];
-            if session && prototype != prototype_installed {
-                let sql = if prototype {
-                    TERMINATE_BOUND_PROTOTYPE
-                } else {
-                    installed.as_str()
-                };
-                admin
-                    .batch_execute(sql)
-                    .await
-                    .expect("replace terminate_bound");
-                prototype_installed = prototype;
-            }
-            let tag = match (session, prototype) {
-                (true, false) => "s",
-                (false, _) => "t",
-                (true, true) => "p",
-            };
+            let session = TAKEOVER_KINDS[k];
+            let tag = if session { "s" } else { "t" };
             let ledger = format!("{tag}{i}");
             let replica = format!("takeover-owner-{tag}{i}");
             let fencing = if session { "session" } else { "transaction" };
@@ -1062,12 +986,6 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
             result.left += left;
             handle.release().await.expect("release");
         }
-    }
-    if prototype_installed {
-        admin
-            .batch_execute(&installed)
-            .await
-            .expect("restore terminate_bound");
     }
     for router in survivors {
         router.close().await;
@@ -1493,12 +1411,8 @@ fn render(
          (retrying after 1 ms on `Error::LeaseHeld`, and on `Error::SealIncomplete`, which is \
          retryable and counted below) and runs one fenced INSERT. Under session \
          fencing the acquisition seals the dead incarnation and terminates (and waits for) its bound \
-         backends before the epoch moves; each such takeover is checked to have sealed it. **session-prototype**: \
-         session fencing with the bench's prototype of `pgtenant.terminate_bound` installed for those \
-         iterations (signal every live bound backend, then wait for all together, polling every 1 ms; \
-         V5's loop waits per backend with `pg_terminate_backend(pid, timeout)`, which polls every \
-         100 ms, and fails when a backend exits on its own between its check and the call: see \
-         `TERMINATE_BOUND_PROTOTYPE` in the source); the three configurations interleaved, rotating. \
+         backends before the epoch moves; each such takeover is checked to have sealed it. Sealing signals every bound backend, then waits for all together, \
+         polling every 1 ms (V7; V5 waited 100 ms per backend); the two configurations interleaved, rotating. \
          Time = from just before the SIGKILL to that INSERT's commit. Nearest-rank percentiles (with 30 \
          samples p99 is the maximum).\n",
         cfg.takeovers,

@@ -193,12 +193,37 @@ pub(crate) async fn prepare_database(server: &Server, name: &str) -> Result<(), 
         .map_err(|e| TestkitError::pg("citus_set_coordinator_host", e))?;
     for worker in &server.workers {
         let port = i32::from(worker.get_ports().first().copied().unwrap_or(5432));
-        client
-            .execute("SELECT citus_add_node('127.0.0.1', $1)", &[&port])
-            .await
-            .map_err(|e| TestkitError::pg(format!("citus_add_node 127.0.0.1:{port}"), e))?;
+        add_node(&client, port).await?;
     }
     Ok(())
+}
+
+/// `citus_add_node`, tried up to five times: on a loaded machine the coordinator's connection
+/// to a new worker database fails now and then ("failure on connection marked as essential",
+/// XX000; seen once in a dozen CI-like runs), and the call is idempotent.
+async fn add_node(client: &tokio_postgres::Client, port: i32) -> Result<(), TestkitError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match client
+            .execute("SELECT citus_add_node('127.0.0.1', $1)", &[&port])
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if tries < 5
+                    && e.code() == Some(&tokio_postgres::error::SqlState::INTERNAL_ERROR) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100 * tries)).await;
+            }
+            Err(e) => {
+                return Err(TestkitError::pg(
+                    format!("citus_add_node 127.0.0.1:{port} (try {tries})"),
+                    e,
+                ))
+            }
+        }
+    }
 }
 
 /// Polls every future on this task until all are done, keeping their order.
