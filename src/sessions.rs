@@ -8,6 +8,9 @@
 //!   before its first tenant transaction (`pgtenant.bind`).
 //! * An acquisition seals the dead or expired owner incarnation and terminates its backends in
 //!   the acquiring transaction, before the epoch moves ([`SEAL_SQL`], `pgtenant.seal_owner`).
+//!   The epoch's own UPDATE seals again (trigger `seal_on_takeover`, V7), from the same read
+//!   of the owner that lets the takeover happen: an owner whose lease session ended between
+//!   the two statements is sealed all the same.
 //! * A voluntary end terminates the backends of this replica's own work still in flight before
 //!   its release commits ([`terminate_work`]); deregistration seals the replica's own
 //!   incarnation.
