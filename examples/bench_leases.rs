@@ -3,7 +3,7 @@
 //! Run with `cargo run --release --example bench_leases` (PostgreSQL on 127.0.0.1:5432, or
 //! whatever `pgtenant_testkit::TestDatabase::create` finds); `-- --quick` runs fewer, shorter
 //! rounds (a smoke run, not a measurement); `-- --hygiene-only` runs part 2 alone at 8 clients with
-//! twice the rounds. It measures, in one run:
+//! twice the rounds, `-- --takeover-only` part 3 alone. It measures, in one run:
 //!
 //! 1. throughput, side by side at 1, 8 and 32 clients, rounds interleaved, with the client's
 //!    and the server's CPU time per transaction, of: a fenced transaction under session fencing
@@ -238,6 +238,24 @@ async fn main() {
         .await
         .expect("baseline schema");
 
+    // `--takeover-only`: part 3 alone, with the full run's samples.
+    if args.iter().any(|a| a == "--takeover-only") {
+        let takeover = bench_takeover(&cfg, &url, &admin).await;
+        for result in &takeover {
+            println!(
+                "takeover {}: samples={} sealed={} bound-rows-left={} seal-retries={}",
+                result.name(),
+                result.latencies.len(),
+                result.sealed,
+                result.left,
+                result.seal_retries
+            );
+        }
+        for line in summary_lines(&[], &[], &takeover) {
+            println!("{line}");
+        }
+        return;
+    }
     eprintln!("[bench] parts 1 and 2: throughput and hygiene");
     let mut throughput = Vec::new();
     let mut hygiene = Vec::new();
