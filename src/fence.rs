@@ -24,6 +24,7 @@ use tokio_postgres::{Statement, Transaction};
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::handle::{CancelOnForget, HandleInner, InFlight};
+use crate::lease::HandleState;
 use crate::sqlstate;
 use crate::BoxFuture;
 
@@ -217,6 +218,17 @@ fn discard(handle: &HandleInner, object: deadpool_postgres::Object) {
     drop(deadpool_postgres::Object::take(object));
 }
 
+/// Whether a connection whose work ended while its handle was no longer serving may have had
+/// its backend terminated (an abandon, a drain timeout or a seal terminates the backends of
+/// work in flight). Such a connection is closed rather than pooled: the server reports the
+/// termination before the backend exits, so the client can read the error and hand the
+/// connection back before it sees the socket close, and the next user (the release itself,
+/// in an abandon) would get a dead connection. Seen once in two runs of the abandon test
+/// after V7 made the wait for terminated backends milliseconds long.
+fn maybe_terminated(handle: &HandleInner) -> bool {
+    !matches!(handle.state(), HandleState::Serving | HandleState::Draining)
+}
+
 /// [`TenantHandle::run`](crate::TenantHandle::run) and `read`.
 pub(crate) async fn run<'a, T, E, F>(
     handle: &Arc<HandleInner>,
@@ -238,6 +250,8 @@ where
     let outcome = run_on(handle, &mut object, &stuck, read_only, work).await;
     if stuck.load(Ordering::Acquire) {
         discard(handle, object);
+    } else if outcome.is_err() && maybe_terminated(handle) {
+        drop(deadpool_postgres::Object::take(object));
     }
     outcome
 }
@@ -369,6 +383,10 @@ impl Drop for TenantConnection {
         if self.stuck.load(Ordering::Acquire) {
             if let Some(object) = self.object.take() {
                 discard(&self.handle, object);
+            }
+        } else if maybe_terminated(&self.handle) {
+            if let Some(object) = self.object.take() {
+                drop(deadpool_postgres::Object::take(object));
             }
         }
     }
