@@ -95,7 +95,7 @@ impl CitusCluster {
         let starts =
             (0..=workers).map(|_| Cluster::start_with(Durability::Durable, settings.clone()));
         let mut nodes = Vec::with_capacity(workers + 1);
-        for started in futures_join_all(starts).await {
+        for started in futures_util::future::join_all(starts).await {
             nodes.push(Arc::new(started?));
         }
         let coordinator = nodes.remove(0);
@@ -224,28 +224,4 @@ async fn add_node(client: &tokio_postgres::Client, port: i32) -> Result<(), Test
             }
         }
     }
-}
-
-/// Polls every future on this task until all are done, keeping their order.
-async fn futures_join_all<F: std::future::Future>(
-    futures: impl Iterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        for (future, output) in pinned.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                if let std::task::Poll::Ready(value) = future.as_mut().poll(cx) {
-                    *output = Some(value);
-                }
-            }
-        }
-        if outputs.iter().all(Option::is_some) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }

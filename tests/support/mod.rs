@@ -148,24 +148,7 @@ pub(crate) async fn count_rows(handle: &TenantHandle, sql: &'static str) -> i64 
 
 /// Polls all the futures concurrently on this task, as concurrent callers would.
 pub(crate) async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        for (future, output) in pinned.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                if let std::task::Poll::Ready(value) = future.as_mut().poll(cx) {
-                    *output = Some(value);
-                }
-            }
-        }
-        if outputs.iter().all(Option::is_some) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
+    futures_util::future::join_all(futures).await
 }
 
 pub(crate) async fn append(handle: &TenantHandle, writer: &str, seq: i64) -> pgtenant::Result<()> {
