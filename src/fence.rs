@@ -219,12 +219,12 @@ fn discard(handle: &HandleInner, object: deadpool_postgres::Object) {
 }
 
 /// Whether a connection whose work ended while its handle was no longer serving may have had
-/// its backend terminated (an abandon, a drain timeout or a seal terminates the backends of
-/// work in flight). Such a connection is closed rather than pooled: the server reports the
-/// termination before the backend exits, so the client can read the error and hand the
-/// connection back before it sees the socket close, and the next user (the release itself,
-/// in an abandon) would get a dead connection. Seen once in two runs of the abandon test
-/// after V7 made the wait for terminated backends milliseconds long.
+/// its backend terminated (an abandon terminates the backends of its work in flight; another
+/// replica's seal those of a lost handle). Such a connection is closed rather than pooled: the
+/// server reports the termination before the backend exits, so the client can read the error
+/// and hand the connection back before it sees the socket close, and the next user (the
+/// abandon's own release) would get a dead connection: about half of the abandon test's runs
+/// once V7 made the wait for terminated backends milliseconds long.
 fn maybe_terminated(handle: &HandleInner) -> bool {
     !matches!(handle.state(), HandleState::Serving | HandleState::Draining)
 }
