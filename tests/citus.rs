@@ -11,13 +11,16 @@
 
 mod support;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use pgtenant::admin::SweepOptions;
-use pgtenant::{ActiveWork, Error, Router, TenantHandle, TenantId};
+use pgtenant::{ActiveWork, Error, Router};
 use pgtenant_testkit::{skip_without_citus, Source, TestDatabase};
-use support::{append, count_rows, create_log, options, router, tenant, ReplicaProcess};
+use support::{
+    append, check_history, count_rows, create_log, options, router, run_history, take_over, tenant,
+    History,
+};
 
 const CHILD: &str = "replica_child";
 
@@ -443,21 +446,6 @@ async fn forget_restore_and_sweep_work_on_distributed_schemas() {
     router.close().await;
 }
 
-/// Opens, retrying while the holder is still alive by the database's account.
-async fn take_over(router: &Router, id: &TenantId, limit: Duration) -> TenantHandle {
-    let deadline = Instant::now() + limit;
-    loop {
-        match router.open(id).await {
-            Ok(handle) => return handle,
-            Err(Error::LeaseHeld { expires_in, .. }) if Instant::now() < deadline => {
-                let wait = expires_in.unwrap_or_default().max(Duration::from_millis(2));
-                tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
-            }
-            Err(other) => panic!("takeover of {id} failed: {other}"),
-        }
-    }
-}
-
 /// G1–G4 on the cluster: replica processes append (tenant, epoch, seq) rows to distributed
 /// tables while they are killed and paused at random. Afterwards no row was committed under an
 /// epoch lower than one already committed for its tenant (G1, G3), every acknowledged row is
@@ -471,118 +459,14 @@ async fn history_checker_under_kills_and_pauses_on_citus() {
     };
     let names = ["cit-0", "cit-1", "cit-2"];
     let ledgers = ["cit-a", "cit-b"];
-    let mut children: Vec<ReplicaProcess> = Vec::new();
-    for name in names {
-        let mut child = ReplicaProcess::spawn(CHILD, db.url(), name);
-        child.ready().await;
-        children.push(child);
-    }
-    let mut paused_until: Vec<Option<Instant>> = vec![None; names.len()];
-    let mut acked: HashMap<&str, BTreeSet<(String, i64)>> = HashMap::new();
-    let mut opened: HashMap<&str, Vec<i64>> = HashMap::new();
-    let (mut seq, mut kills, mut pauses, mut refusals) = (0_i64, 0, 0, 0);
-    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let end = Instant::now() + Duration::from_secs(8);
-    while Instant::now() < end {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let c = (seed % names.len() as u64) as usize;
-        let ledger = ledgers[((seed >> 8) % 2) as usize];
-        if let Some(until) = paused_until[c] {
-            if Instant::now() < until {
-                continue;
-            }
-            children[c].resume();
-            paused_until[c] = None;
-        }
-        match (seed >> 16) % 100 {
-            0..=2 => {
-                let old = std::mem::replace(
-                    &mut children[c],
-                    ReplicaProcess::spawn(CHILD, db.url(), names[c]),
-                );
-                old.kill();
-                children[c].ready().await;
-                kills += 1;
-            }
-            3..=5 => {
-                children[c].pause();
-                let millis = 200 + (seed >> 24) % 3000;
-                paused_until[c] = Some(Instant::now() + Duration::from_millis(millis));
-                pauses += 1;
-            }
-            6..=25 => {
-                let reply = children[c]
-                    .request(&format!("open {ledger}"))
-                    .await
-                    .unwrap_or_default();
-                if let Some(epoch) = reply.strip_prefix("opened ") {
-                    opened
-                        .entry(ledger)
-                        .or_default()
-                        .push(epoch.parse().expect("epoch"));
-                }
-            }
-            _ => {
-                seq += 1;
-                let reply = children[c]
-                    .request(&format!("write {ledger} {seq}"))
-                    .await
-                    .unwrap_or_default();
-                if reply.starts_with("ok") {
-                    acked
-                        .entry(ledger)
-                        .or_default()
-                        .insert((names[c].to_owned(), seq));
-                } else {
-                    refusals += 1;
-                }
-            }
-        }
-    }
-    for (child, paused) in children.iter().zip(&paused_until) {
-        if paused.is_some() {
-            child.resume();
-        }
-    }
-    drop(children);
+    let history = run_history(CHILD, db.url(), &names, &ledgers, 0x2545_f491_4f6c_dd1d).await;
     let checker = router(db.url(), "cit-checker").await;
     let mut total = 0;
     for ledger in ledgers {
-        let id = tenant(ledger);
-        let handle = take_over(&checker, &id, Duration::from_secs(30)).await;
+        let handle = take_over(&checker, &tenant(ledger), Duration::from_secs(30)).await;
         assert!(is_distributed_schema(&client, handle.schema()).await);
-        let rows: Vec<(i64, i64, String, i64)> = handle
-            .read(|tx| {
-                Box::pin(async move {
-                    Ok::<_, Error>(
-                        tx.query("SELECT epoch, seq, writer, seen_max_epoch FROM log", &[])
-                            .await?
-                            .iter()
-                            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-                            .collect(),
-                    )
-                })
-            })
-            .await
-            .unwrap();
-        let stale: Vec<_> = rows
-            .iter()
-            .filter(|(epoch, _, _, seen)| seen > epoch)
-            .collect();
-        assert!(stale.is_empty(), "{ledger}: stale commits: {stale:?}");
-        let present: BTreeSet<(String, i64)> = rows
-            .iter()
-            .map(|(_, seq, writer, _)| (writer.clone(), *seq))
-            .collect();
-        let want = acked.remove(ledger).unwrap_or_default();
-        let missing: Vec<_> = want.difference(&present).collect();
-        assert!(
-            missing.is_empty(),
-            "{ledger}: acknowledged but missing: {missing:?}"
-        );
-        let epochs = opened.remove(ledger).unwrap_or_default();
+        total += check_history(&handle, ledger, &history).await;
+        let epochs = history.opened.get(ledger).cloned().unwrap_or_default();
         assert!(
             epochs.windows(2).all(|w| w[0] <= w[1]),
             "{ledger}: epochs went backwards: {epochs:?}"
@@ -591,8 +475,13 @@ async fn history_checker_under_kills_and_pauses_on_citus() {
             handle.epoch().get() > epochs.last().copied().unwrap_or(0),
             "{ledger}: the checker's epoch is above every earlier one"
         );
-        total += want.len();
     }
+    let History {
+        kills,
+        pauses,
+        refusals,
+        ..
+    } = history;
     println!("citus history: {kills} kills, {pauses} pauses, {refusals} refused writes, {total} acknowledged");
     assert!(
         total > 0 && kills + pauses > 0,

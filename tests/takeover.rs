@@ -3,12 +3,15 @@
 
 mod support;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use pgtenant::{Error, Router, TenantHandle, TenantId};
+use pgtenant::Error;
 use pgtenant_testkit::LocalCluster;
-use support::{append, count_rows, create_log, database, router, tenant, ReplicaProcess};
+use support::{
+    append, check_history, count_rows, create_log, database, router, run_history, take_over,
+    tenant, History, ReplicaProcess,
+};
 
 const CHILD: &str = "replica_child";
 
@@ -17,22 +20,6 @@ const CHILD: &str = "replica_child";
 #[ignore = "entry point of the replica child processes"]
 fn replica_child() {
     support::child_main();
-}
-
-/// Opens, retrying while the holder is still alive by the database's account, sleeping for
-/// whatever time the database says its lease has left.
-async fn take_over(router: &Router, id: &TenantId, limit: Duration) -> TenantHandle {
-    let deadline = Instant::now() + limit;
-    loop {
-        match router.open(id).await {
-            Ok(handle) => return handle,
-            Err(Error::LeaseHeld { expires_in, .. }) if Instant::now() < deadline => {
-                let wait = expires_in.unwrap_or_default().max(Duration::from_millis(2));
-                tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
-            }
-            Err(other) => panic!("takeover of {id} failed: {other}"),
-        }
-    }
 }
 
 #[tokio::test]
@@ -214,120 +201,21 @@ async fn a_database_restart_mid_load_loses_nothing_acknowledged() {
 #[tokio::test]
 async fn history_checker_under_random_kills_and_pauses() {
     let (db, _client) = database().await;
-    let names = ["hist-0", "hist-1", "hist-2"];
     let ledgers = ["hist-a", "hist-b"];
-    let mut children: Vec<ReplicaProcess> = Vec::new();
-    for name in names {
-        let mut child = ReplicaProcess::spawn(CHILD, db.url(), name);
-        child.ready().await;
-        children.push(child);
-    }
-    let mut paused_until: Vec<Option<Instant>> = vec![None; names.len()];
-    let mut acked: HashMap<&str, BTreeSet<(String, i64)>> = HashMap::new();
-    let (mut seq, mut kills, mut pauses, mut refusals) = (0_i64, 0, 0, 0);
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let end = Instant::now() + Duration::from_secs(8);
-    while Instant::now() < end {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let c = (seed % names.len() as u64) as usize;
-        let ledger = ledgers[((seed >> 8) % 2) as usize];
-        if let Some(until) = paused_until[c] {
-            if Instant::now() < until {
-                continue;
-            }
-            children[c].resume();
-            paused_until[c] = None;
-        }
-        match (seed >> 16) % 100 {
-            0..=2 => {
-                let old = std::mem::replace(
-                    &mut children[c],
-                    ReplicaProcess::spawn(CHILD, db.url(), names[c]),
-                );
-                old.kill();
-                children[c].ready().await;
-                kills += 1;
-            }
-            3..=5 => {
-                children[c].pause();
-                let millis = 200 + (seed >> 24) % 3000;
-                paused_until[c] = Some(Instant::now() + Duration::from_millis(millis));
-                pauses += 1;
-            }
-            6..=25 => {
-                let _ = children[c].request(&format!("open {ledger}")).await;
-            }
-            _ => {
-                seq += 1;
-                let reply = children[c]
-                    .request(&format!("write {ledger} {seq}"))
-                    .await
-                    .unwrap_or_default();
-                if reply.starts_with("ok") {
-                    acked
-                        .entry(ledger)
-                        .or_default()
-                        .insert((names[c].to_owned(), seq));
-                } else {
-                    refusals += 1;
-                }
-            }
-        }
-    }
-    for (child, paused) in children.iter().zip(&paused_until) {
-        if paused.is_some() {
-            child.resume();
-        }
-    }
-    drop(children);
+    let names = ["hist-0", "hist-1", "hist-2"];
+    let history = run_history(CHILD, db.url(), &names, &ledgers, 0x9e37_79b9_7f4a_7c15).await;
     let checker = router(db.url(), "hist-checker").await;
     let mut total = 0;
     for ledger in ledgers {
-        let id = tenant(ledger);
-        let handle = take_over(&checker, &id, Duration::from_secs(30)).await;
-        let rows: Vec<(i64, i64, String, i64)> = handle
-            .read(|tx| {
-                Box::pin(async move {
-                    Ok::<_, Error>(
-                        tx.query("SELECT epoch, seq, writer, seen_max_epoch FROM log", &[])
-                            .await?
-                            .iter()
-                            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-                            .collect(),
-                    )
-                })
-            })
-            .await
-            .unwrap();
-        let stale: Vec<_> = rows
-            .iter()
-            .filter(|(epoch, _, _, seen)| seen > epoch)
-            .collect();
-        assert!(
-            stale.is_empty(),
-            "{ledger}: committed under an epoch lower than one already committed: {stale:?}"
-        );
-        let present: BTreeSet<(String, i64)> = rows
-            .iter()
-            .map(|(_, seq, writer, _)| (writer.clone(), *seq))
-            .collect();
-        let want = acked.remove(ledger).unwrap_or_default();
-        let missing: Vec<_> = want.difference(&present).collect();
-        assert!(
-            missing.is_empty(),
-            "{ledger}: acknowledged but missing: {missing:?}"
-        );
-        let epochs: BTreeSet<i64> = rows.iter().map(|r| r.0).collect();
-        println!(
-            "{ledger}: {} rows ({} acknowledged) over {} epochs",
-            rows.len(),
-            want.len(),
-            epochs.len()
-        );
-        total += want.len();
+        let handle = take_over(&checker, &tenant(ledger), Duration::from_secs(30)).await;
+        total += check_history(&handle, ledger, &history).await;
     }
+    let History {
+        kills,
+        pauses,
+        refusals,
+        ..
+    } = history;
     println!("history checker: {kills} kills, {pauses} pauses, {refusals} refused writes, {total} acknowledged");
     assert!(
         total > 0 && kills + pauses > 0,

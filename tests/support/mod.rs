@@ -452,3 +452,167 @@ pub(crate) fn postgres_user() -> (u32, u32) {
         })
         .expect("a postgres user")
 }
+
+/// Opens `id`, retrying while its holder is still alive by the database's account, for at most
+/// `limit`.
+pub(crate) async fn take_over(router: &Router, id: &TenantId, limit: Duration) -> TenantHandle {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match router.open(id).await {
+            Ok(handle) => return handle,
+            Err(pgtenant::Error::LeaseHeld { expires_in, .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                let wait = expires_in.unwrap_or_default().max(Duration::from_millis(2));
+                tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
+            }
+            Err(other) => panic!("takeover of {id} failed: {other}"),
+        }
+    }
+}
+
+/// What a history run acknowledged and saw.
+#[derive(Default)]
+pub(crate) struct History {
+    /// Per ledger, the (writer, seq) pairs whose write was acknowledged.
+    pub(crate) acked: std::collections::HashMap<String, std::collections::BTreeSet<(String, i64)>>,
+    /// Per ledger, the epochs it was opened at, in the order the opens were answered.
+    pub(crate) opened: std::collections::HashMap<String, Vec<i64>>,
+    pub(crate) kills: u32,
+    pub(crate) pauses: u32,
+    pub(crate) refusals: u32,
+}
+
+/// Replica processes `names` (each started through the test binary's `child` entry point) open
+/// `ledgers` and append (tenant, epoch, seq) rows for 8 s while they are killed (3 %) and
+/// paused for 0.2–3.2 s (3 %) at random (xorshift from `seed`).
+pub(crate) async fn run_history(
+    child: &str,
+    url: &str,
+    names: &[&str],
+    ledgers: &[&str],
+    mut seed: u64,
+) -> History {
+    let mut children: Vec<ReplicaProcess> = Vec::new();
+    for name in names {
+        let mut process = ReplicaProcess::spawn(child, url, name);
+        process.ready().await;
+        children.push(process);
+    }
+    let mut paused_until: Vec<Option<std::time::Instant>> = vec![None; names.len()];
+    let mut history = History::default();
+    let mut seq = 0_i64;
+    let end = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < end {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let c = (seed % names.len() as u64) as usize;
+        let ledger = ledgers[((seed >> 8) % ledgers.len() as u64) as usize];
+        if let Some(until) = paused_until[c] {
+            if std::time::Instant::now() < until {
+                continue;
+            }
+            children[c].resume();
+            paused_until[c] = None;
+        }
+        match (seed >> 16) % 100 {
+            0..=2 => {
+                let old = std::mem::replace(
+                    &mut children[c],
+                    ReplicaProcess::spawn(child, url, names[c]),
+                );
+                old.kill();
+                children[c].ready().await;
+                history.kills += 1;
+            }
+            3..=5 => {
+                children[c].pause();
+                let millis = 200 + (seed >> 24) % 3000;
+                paused_until[c] = Some(std::time::Instant::now() + Duration::from_millis(millis));
+                history.pauses += 1;
+            }
+            6..=25 => {
+                let reply = children[c]
+                    .request(&format!("open {ledger}"))
+                    .await
+                    .unwrap_or_default();
+                if let Some(epoch) = reply.strip_prefix("opened ") {
+                    history
+                        .opened
+                        .entry(ledger.to_owned())
+                        .or_default()
+                        .push(epoch.parse().expect("epoch"));
+                }
+            }
+            _ => {
+                seq += 1;
+                let reply = children[c]
+                    .request(&format!("write {ledger} {seq}"))
+                    .await
+                    .unwrap_or_default();
+                if reply.starts_with("ok") {
+                    history
+                        .acked
+                        .entry(ledger.to_owned())
+                        .or_default()
+                        .insert((names[c].to_owned(), seq));
+                } else {
+                    history.refusals += 1;
+                }
+            }
+        }
+    }
+    for (process, paused) in children.iter().zip(&paused_until) {
+        if paused.is_some() {
+            process.resume();
+        }
+    }
+    history
+}
+
+/// The history's verdict on one ledger, read through `handle` (the checker's, which took it
+/// over): no row committed under an epoch lower than one already committed for the tenant
+/// (G1, G3) and every acknowledged row present (G4). Returns how many rows were acknowledged.
+pub(crate) async fn check_history(handle: &TenantHandle, ledger: &str, history: &History) -> usize {
+    let rows: Vec<(i64, i64, String, i64)> = handle
+        .read(|tx| {
+            Box::pin(async move {
+                Ok::<_, pgtenant::Error>(
+                    tx.query("SELECT epoch, seq, writer, seen_max_epoch FROM log", &[])
+                        .await?
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .collect(),
+                )
+            })
+        })
+        .await
+        .expect("read the log");
+    let stale: Vec<_> = rows
+        .iter()
+        .filter(|(epoch, _, _, seen)| seen > epoch)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{ledger}: committed under an epoch lower than one already committed: {stale:?}"
+    );
+    let present: std::collections::BTreeSet<(String, i64)> = rows
+        .iter()
+        .map(|(_, seq, writer, _)| (writer.clone(), *seq))
+        .collect();
+    let want = history.acked.get(ledger).cloned().unwrap_or_default();
+    let missing: Vec<_> = want.difference(&present).collect();
+    assert!(
+        missing.is_empty(),
+        "{ledger}: acknowledged but missing: {missing:?}"
+    );
+    let distinct: std::collections::BTreeSet<i64> = rows.iter().map(|r| r.0).collect();
+    println!(
+        "{ledger}: {} rows ({} acknowledged) over {} epochs",
+        rows.len(),
+        want.len(),
+        distinct.len()
+    );
+    want.len()
+}
