@@ -6,9 +6,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use pgtenant::{Error, Fencing, Router, TenantHandle, TenantId};
+use pgtenant::{Error, Fencing, Router};
 use pgtenant_testkit::TestDatabase;
-use support::{append, count_rows, create_log, database, options, tenant, ReplicaProcess};
+use support::{
+    append, count_rows, create_log, database, options, take_over, tenant, ReplicaProcess,
+};
 
 const CHILD: &str = "replica_child";
 
@@ -21,21 +23,6 @@ fn replica_child() {
 
 fn session(url: &str, replica: &str) -> pgtenant::RouterOptions {
     options(url, replica).fencing(Fencing::Session)
-}
-
-/// Opens, retrying while the holder is alive by the database's account.
-async fn take_over(router: &Router, id: &TenantId) -> TenantHandle {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match router.open(id).await {
-            Ok(handle) => return handle,
-            Err(Error::LeaseHeld { expires_in, .. }) if Instant::now() < deadline => {
-                let wait = expires_in.unwrap_or_default().max(Duration::from_millis(2));
-                tokio::time::sleep(wait.min(Duration::from_millis(200))).await;
-            }
-            Err(other) => panic!("takeover of {id} failed: {other}"),
-        }
-    }
 }
 
 /// The backends bound to a replica, from the view an operator reads.
@@ -88,7 +75,7 @@ async fn a_paused_owners_sessions_are_terminated_before_the_epoch_moves() {
 
     let contender = Router::start(session(db.url(), "waker")).await.unwrap();
     let id = tenant("nap");
-    let handle = take_over(&contender, &id).await;
+    let handle = take_over(&contender, &id, Duration::from_secs(30)).await;
     // The seal and the epoch move are one transaction that waited for each backend to exit.
     assert_eq!(alive(&client, &bound).await, 0, "sealed sessions are gone");
     let sealed: Option<bool> = client
