@@ -11,6 +11,7 @@
 #   plain, select_1, empty, lock_only, read_only, search_path, fence: as described above;
 #   pin_plpgsql: search_path set by a plpgsql function (enter's call overhead, nothing else);
 #   enter_no_cursor: enter's body without the marker cursor (the hygiene check and the pin);
+#   enter_sql: the same as one inlinable SQL expression (no plpgsql call);
 #   enter: `SELECT pgtenant.enter(key, schema)`, the INSERT, `CLOSE pgtenant_fenced`, COMMIT (the
 #     library sends the CLOSE in the COMMIT's message; pgbench's prepared mode cannot, so here it
 #     is one more round trip, which a server-bound run does not feel).
@@ -56,6 +57,16 @@ BEGIN
     END IF;
     PERFORM pg_catalog.set_config('search_path', p_schema OPERATOR(pg_catalog.||) ', pg_temp', true);
 END $$;
+-- enter_no_cursor as one SQL expression, which the planner inlines into the calling statement
+-- (a volatile SQL function whose body is a single SELECT): what plpgsql's call costs.
+CREATE FUNCTION public.enter_sql(p_key text, p_schema text) RETURNS text
+    LANGUAGE sql AS $$
+SELECT CASE WHEN pg_catalog.current_setting('pgtenant.session_tenant', true) IS DISTINCT FROM p_key
+              OR pg_catalog.current_setting('role') OPERATOR(pg_catalog.<>) 'none'
+              OR session_user::text IS DISTINCT FROM pg_catalog.current_setting('pgtenant.session_user', true)
+            THEN pgtenant.reset_session(p_key) IS NULL END::text
+       OPERATOR(pg_catalog.||) pg_catalog.set_config('search_path', p_schema OPERATOR(pg_catalog.||) ', pg_temp', true)
+$$;
 SQL
 lock_key=$("${psql_[@]}" -d "$db" -At -c "SELECT lock_key FROM pgtenant.tenants WHERE key = 'o/l'")
 
@@ -70,7 +81,7 @@ for f in empty lock_only read_only; do
     printf "BEGIN;\nSELECT public.%s('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$f" "$lock_key" "$qualified" >"$dir/$f.sql"
 done
 printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence.sql"
-for f in pin_plpgsql enter_no_cursor; do
+for f in pin_plpgsql enter_no_cursor enter_sql; do
     printf "BEGIN;\nSELECT public.%s('o/l', 't_o_l_1');\n%s\nCOMMIT;\n" "$f" "$insert" >"$dir/$f.sql"
 done
 printf "BEGIN;\nSELECT pgtenant.enter('o/l', 't_o_l_1');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$insert" >"$dir/enter.sql"
