@@ -330,6 +330,47 @@ async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_f
     router.close().await;
 }
 
+/// A lease session registered by hand as `replica`, with session fencing declared: (client,
+/// its backend pid, incarnation, secret).
+async fn session_fenced_lease(
+    db: &TestDatabase,
+    replica: &str,
+) -> (tokio_postgres::Client, i32, i64, String) {
+    let lease = db.connect().await.unwrap();
+    let pid: i32 = lease
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (incarnation, secret) = support::register_by_hand(&lease, replica).await;
+    lease
+        .execute(
+            "SELECT pgtenant.declare_session_fencing($1, $2, $3)",
+            &[&replica, &incarnation, &secret],
+        )
+        .await
+        .unwrap();
+    (lease, pid, incarnation, secret)
+}
+
+/// Closes a lease session and waits until its backend is gone: the server ends it (and frees
+/// its liveness lock) once it reads the disconnect.
+async fn end_lease_session(
+    admin: &tokio_postgres::Client,
+    lease: tokio_postgres::Client,
+    pid: i32,
+) {
+    drop(lease);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(admin, &[pid]).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the lease session's backend did not exit"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// A data connection binds only to an incarnation whose lease session is alive: once the lease
 /// session is gone (killed, or lost with the server in a failover), its replica row outlives it
 /// by up to a ttl, and no acquirer needs to seal an incarnation that holds nothing. V6's bind
@@ -337,36 +378,14 @@ async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_f
 #[tokio::test]
 async fn a_connection_cannot_bind_to_an_incarnation_whose_lease_session_is_gone() {
     let (db, admin) = database().await;
-    let lease = db.connect().await.unwrap();
-    let lease_pid: i32 = lease
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let (incarnation, secret) = support::register_by_hand(&lease, "gone").await;
-    lease
-        .execute(
-            "SELECT pgtenant.declare_session_fencing('gone', $1, $2)",
-            &[&incarnation, &secret],
-        )
-        .await
-        .unwrap();
+    let (lease, lease_pid, incarnation, secret) = session_fenced_lease(&db, "gone").await;
     let bind = "SELECT pgtenant.bind('gone', $1, $2)";
     let data = db.connect().await.unwrap();
     data.query_one(bind, &[&incarnation, &secret])
         .await
         .expect("a live incarnation binds");
 
-    drop(lease);
-    // The server ends the backend (and frees its lock) once it reads the disconnect.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(&admin, &[lease_pid]).await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the lease session's backend did not exit"
-        );
-        tokio::task::yield_now().await;
-    }
+    end_lease_session(&admin, lease, lease_pid).await;
     let heartbeat_left: bool = admin
         .query_one(
             "SELECT expires_at > clock_timestamp() FROM pgtenant.replicas WHERE replica_id = 'gone'",
@@ -395,20 +414,7 @@ async fn a_connection_cannot_bind_to_an_incarnation_whose_lease_session_is_gone(
 #[tokio::test]
 async fn a_takeover_seals_the_owner_even_when_it_died_after_seal_owner_looked() {
     let (db, admin) = database().await;
-    let lease = db.connect().await.unwrap();
-    let lease_pid: i32 = lease
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let (incarnation, secret) = support::register_by_hand(&lease, "racing").await;
-    lease
-        .execute(
-            "SELECT pgtenant.declare_session_fencing('racing', $1, $2)",
-            &[&incarnation, &secret],
-        )
-        .await
-        .unwrap();
+    let (lease, lease_pid, incarnation, secret) = session_fenced_lease(&db, "racing").await;
     let acquire = "SELECT epoch FROM pgtenant.acquire('org/race', 'org', 'race', $1, $2, $3, true)";
     let first: i64 = lease
         .query_one(acquire, &[&"racing", &incarnation, &secret])
@@ -440,15 +446,7 @@ async fn a_takeover_seals_the_owner_even_when_it_died_after_seal_owner_looked() 
         .unwrap()
         .get(0);
     assert_eq!(sealed, 0, "a live owner is not sealed");
-    drop(lease);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(&admin, &[lease_pid]).await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the lease session's backend did not exit"
-        );
-        tokio::task::yield_now().await;
-    }
+    end_lease_session(&admin, lease, lease_pid).await;
     let second: i64 = tx
         .query_one(acquire, &[&"taker", &taker_incarnation, &taker_secret])
         .await
