@@ -982,7 +982,8 @@ async fn bench_takeover(cfg: &Config, url: &str, admin: &Client) -> [TakeoverRes
             owner.wait().await.expect("reap owner");
             let (sealed, left): (bool, i64) = admin
                 .query_one(
-                    "SELECT r.sealed_at IS NOT NULL,
+                    "SELECT EXISTS (SELECT 1 FROM pgtenant.seals s
+                                     WHERE s.replica_id = r.replica_id AND s.incarnation = r.incarnation),
                             (SELECT count(*) FROM pgtenant.sessions s WHERE s.replica_id = r.replica_id)
                        FROM pgtenant.replicas r WHERE r.replica_id = $1",
                     &[&replica],

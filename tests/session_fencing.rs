@@ -113,6 +113,60 @@ async fn a_paused_owners_sessions_are_terminated_before_the_epoch_moves() {
     contender.close().await;
 }
 
+/// Issue 18's reproduction: a replica paused past its expiry, one of its tenants taken over
+/// (which seals its incarnation), then resumed. It registers again under the same replica id and
+/// must serve again within the bound (G9): a seal bars its own incarnation, never a later one.
+/// Up to V7 the seal stayed on the replica row and every later incarnation's bind was refused.
+#[tokio::test]
+async fn a_replica_sealed_while_paused_serves_again_under_the_same_id() {
+    let (db, client) = database().await;
+    let mut a = ReplicaProcess::spawn(CHILD, db.url(), "a");
+    a.ready().await;
+    assert!(a
+        .request("open payroll")
+        .await
+        .unwrap()
+        .starts_with("opened"));
+    assert!(a
+        .request("write payroll 1")
+        .await
+        .unwrap()
+        .starts_with("ok"));
+    a.pause();
+    let b = Router::start(session(db.url(), "b")).await.unwrap();
+    let taken = take_over(&b, &tenant("payroll"), Duration::from_secs(30)).await;
+    append(&taken, "b", 2).await.expect("the new owner commits");
+    let sealed: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.seals WHERE replica_id = 'a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(sealed, 1, "the takeover sealed a's incarnation");
+    a.resume();
+    let resumed = Instant::now();
+    let took = support::serves_again(&mut a, "travel", 1, support::SERVE_AGAIN_BOUND).await;
+    println!(
+        "a serves again {took:?} after SIGCONT ({:?})",
+        resumed.elapsed()
+    );
+    // Its old handle stays refused: the tenant is b's now.
+    let late = a.request("write payroll 3").await.unwrap();
+    assert!(late.starts_with("error"), "the old handle wrote: {late}");
+    let state: String = client
+        .query_one(
+            "SELECT state FROM pgtenant.replica_status WHERE replica_id = 'a'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "alive", "replica_status for the new incarnation");
+    b.close().await;
+}
+
 /// A data connection opened while a seal is in progress: its bind waits for the seal and is then
 /// refused, so no backend of a sealed incarnation ever runs work.
 #[tokio::test]
@@ -132,8 +186,7 @@ async fn a_connection_bound_during_a_seal_is_refused() {
     let mut sealer = db.connect().await.unwrap();
     let seal = sealer.transaction().await.unwrap();
     seal.execute(
-        "UPDATE pgtenant.replicas SET sealed_at = clock_timestamp()
-          WHERE replica_id = 'sealed-owner' AND incarnation = $1",
+        "SELECT pgtenant.seal_incarnation('sealed-owner', $1)",
         &[&incarnation],
     )
     .await

@@ -21,7 +21,7 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 7] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 8] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -49,6 +49,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 7] = [
     (
         "V7__seal_on_takeover",
         include_str!("../../migrations/V7__seal_on_takeover.sql"),
+    ),
+    (
+        "V8__seal_per_incarnation",
+        include_str!("../../migrations/V8__seal_per_incarnation.sql"),
     ),
 ];
 
@@ -469,6 +473,47 @@ pub(crate) async fn take_over(router: &Router, id: &TenantId, limit: Duration) -
             Err(other) => panic!("takeover of {id} failed: {other}"),
         }
     }
+}
+
+/// How long after its last fault ended a replica must serve again (DESIGN G9): 3 × ttl plus
+/// the tests' reconnect backoff (100 ms doubling to 1 s) and room for a loaded machine.
+pub(crate) const SERVE_AGAIN_BOUND: Duration = Duration::from_millis(3 * 1500 + 1000 + 2500);
+
+/// Asks `child` to open `ledger` and write to it until a write is acknowledged (G9); returns how
+/// long that took, or panics past `bound` with the last refusal.
+pub(crate) async fn serves_again(
+    child: &mut ReplicaProcess,
+    ledger: &str,
+    seq: i64,
+    bound: Duration,
+) -> Duration {
+    let started = std::time::Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < bound {
+        let opened = child
+            .request(&format!("open {ledger}"))
+            .await
+            .unwrap_or_default();
+        if opened.starts_with("opened") {
+            let wrote = child
+                .request(&format!("write {ledger} {seq}"))
+                .await
+                .unwrap_or_default();
+            if wrote.starts_with("ok") {
+                return started.elapsed();
+            }
+            last = wrote;
+        } else {
+            last = opened;
+        }
+        // A refusal is answered at once; this is the retry pace of a client, not a wait for
+        // a condition the test could observe.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "replica {} did not serve again within {bound:?} (G9); last answer: {last}",
+        child.replica
+    );
 }
 
 /// What a history run acknowledged and saw.
