@@ -364,6 +364,25 @@ pub enum Error {
         message: String,
     },
 
+    /// The database refused to bind this replica's data sessions (session fencing) for several
+    /// incarnations in a row, each freshly registered: registering again, which cures a seal,
+    /// did not cure this, so someone must act. The replica keeps trying at its longest reconnect
+    /// backoff and serves again once a bind passes. Not retryable.
+    #[error(
+        "replica {replica_id}: the database refused to bind its data sessions for {incarnations} incarnations \
+         in a row ({reason}); registering again does not cure this: check pgtenant.replica_status and \
+         pgtenant.session_status, or run the replica with Fencing::Transaction"
+    )]
+    #[non_exhaustive]
+    SessionsRefused {
+        /// The replica id.
+        replica_id: String,
+        /// How many incarnations in a row were refused.
+        incarnations: u32,
+        /// The database's words (message and detail).
+        reason: String,
+    },
+
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
     #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
@@ -432,6 +451,15 @@ impl Error {
                 host: host.clone(),
             },
             Error::NotASession(why) => Error::NotASession(why.clone()),
+            Error::SessionsRefused {
+                replica_id,
+                incarnations,
+                reason,
+            } => Error::SessionsRefused {
+                replica_id: replica_id.clone(),
+                incarnations: *incarnations,
+                reason: reason.clone(),
+            },
             Error::InvalidOption { option, reason } => Error::InvalidOption {
                 option,
                 reason: reason.clone(),
@@ -476,7 +504,9 @@ impl Error {
             Error::ControlPlaneTooNew { .. }
             | Error::ControlPlaneOutdated { .. }
             | Error::Migration(_) => ErrorKind::ControlPlane,
-            Error::ReplicaIdInUse { .. } | Error::NotASession(_) => ErrorKind::Replica,
+            Error::ReplicaIdInUse { .. }
+            | Error::NotASession(_)
+            | Error::SessionsRefused { .. } => ErrorKind::Replica,
             Error::RouterClosed => ErrorKind::Closed,
             Error::LeaseHeld { .. } => ErrorKind::Held,
             Error::Fenced { .. } | Error::Forgotten { .. } | Error::LeaseLost { .. } => {

@@ -63,6 +63,20 @@ pub enum Event {
         /// When the next attempt comes, in milliseconds.
         retry_in_ms: u64,
     },
+    /// The database refused to bind a data session to this incarnation (session fencing): it
+    /// was sealed, or is no longer alive. The replica ends the incarnation and registers again,
+    /// which cures a seal. Published once per refused incarnation.
+    SessionsRefused {
+        /// The incarnation refused.
+        incarnation: Incarnation,
+        /// The database's words.
+        reason: String,
+        /// How many incarnations in a row were refused, this one included.
+        in_a_row: u32,
+        /// False once registering again has not cured it
+        /// ([`Error::SessionsRefused`](crate::Error::SessionsRefused)): someone must act.
+        retryable: bool,
+    },
     /// A heartbeat succeeded after the local deadline had passed: handles serve again.
     Resumed {
         /// The incarnation.

@@ -97,13 +97,7 @@ async fn entry(
     let router = &handle.router;
     let cached = router.options.statement_cache;
     if router.session_fencing() {
-        let pid = crate::sessions::bound(
-            &router.bindings,
-            client,
-            &handle.credentials,
-            router.pool_size(),
-        )
-        .await?;
+        let pid = crate::sessions::bound(router, client, &handle.credentials).await?;
         let enter = if cached {
             Some(
                 client

@@ -524,6 +524,20 @@ pub(crate) async fn maintain(
         drop(session);
         let (first, max) = shared.options.reconnect_backoff;
         let mut delay = first;
+        // A fresh incarnation refused too: registering again did not cure it at once, so the
+        // next tries back off (a refusal no retry cures must not be retried many times a
+        // second, DESIGN G9), and a lasting one is reported as such.
+        let refused = shared.bindings.refused_in_a_row();
+        if refused >= 2 {
+            let pause = first.saturating_mul(1 << (refused - 2).min(16)).min(max);
+            if let Some(lasting) = shared.bindings.lasting(&shared.options.replica_id) {
+                warn!(error = %lasting, retry_in = ?pause, "data sessions refused for incarnation after incarnation");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
         session = loop {
             if *shutdown.borrow() {
                 return;
@@ -583,6 +597,15 @@ async fn heartbeat_until_end(
             _ = tokio::time::sleep_until(next.into()) => {}
             _ = &mut session.ended => return SessionEnd::Lost("lease session dropped"),
             _ = shutdown.changed() => return SessionEnd::Shutdown,
+            _ = shared.bindings.refusal() => {
+                // The database will bind nothing to this incarnation (sealed, or no longer
+                // alive by its account): a new incarnation is the cure, and waiting for the
+                // heartbeat to find out would leave every write refused meanwhile.
+                if shared.bindings.is_refused(session.incarnation()) {
+                    return SessionEnd::Lost("the database refused to bind a data session to this incarnation");
+                }
+                continue;
+            }
         }
         let started = Instant::now();
         next = started + period;

@@ -104,6 +104,7 @@ impl Shared {
             .as_ref()
             .and_then(|failure| failure.lasting.as_ref())
             .and_then(Error::lasting_copy)
+            .or_else(|| self.bindings.lasting(&self.options.replica_id))
             .unwrap_or(error)
     }
 

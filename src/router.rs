@@ -147,7 +147,8 @@ pub struct Summary {
     pub replica_id: String,
     /// The current incarnation; None while re-registering.
     pub incarnation: Option<Incarnation>,
-    /// Whether handles accept work now (registered and within the local deadline).
+    /// Whether handles accept work now: registered, within the local deadline, and (session
+    /// fencing) the database binds this incarnation's data sessions.
     pub serving: bool,
     /// Tenants served.
     pub open: usize,
@@ -159,7 +160,9 @@ pub struct Summary {
     pub in_flight: usize,
     /// Whether close() was called.
     pub closed: bool,
-    /// While not registered: why the last attempt to register again failed.
+    /// While not registered: why the last attempt to register again failed; or why the
+    /// database keeps refusing this replica's data sessions
+    /// ([`Error::SessionsRefused`](crate::Error::SessionsRefused)).
     pub registration_error: Option<String>,
     /// The fencing in force: [`Fencing::Session`] or [`Fencing::Transaction`].
     pub fencing: Fencing,
@@ -396,7 +399,14 @@ impl Router {
         Summary {
             replica_id: shared.options.replica_id.clone(),
             incarnation,
-            serving: incarnation.is_some() && shared.liveness.within_deadline(),
+            // Not while the database refuses to bind this incarnation's data sessions, or has
+            // refused fresh incarnation after incarnation: every write would be refused.
+            serving: incarnation.is_some_and(|current| !shared.bindings.is_refused(current))
+                && shared
+                    .bindings
+                    .lasting(&shared.options.replica_id)
+                    .is_none()
+                && shared.liveness.within_deadline(),
             open: handles.values().filter(|h| h.is_serving()).count(),
             draining: handles
                 .values()
@@ -407,7 +417,13 @@ impl Router {
             closed: shared.is_closed(),
             registration_error: lock(&shared.registration)
                 .as_ref()
-                .map(|failure| failure.message.clone()),
+                .map(|failure| failure.message.clone())
+                .or_else(|| {
+                    shared
+                        .bindings
+                        .lasting(&shared.options.replica_id)
+                        .map(|lasting| lasting.to_string())
+                }),
             fencing: if shared.session_fencing() {
                 Fencing::Session
             } else {

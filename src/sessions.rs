@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::lease::Incarnation;
 use crate::liveness::{millis, Credentials};
 use crate::options::{Fencing, RouterOptions};
-use crate::replica::lock;
+use crate::replica::{lock, Shared};
 use crate::sqlstate;
 
 /// Seals the tenant's dead or expired owner incarnation and terminates its data sessions, in the
@@ -114,13 +114,75 @@ struct Binding {
     pid: i32,
 }
 
-/// The bindings of this router's pooled connections, by pool object.
+/// The bindings of this router's pooled connections, by pool object, and the database's
+/// refusals to bind (DESIGN G9: a refusal that no retry cures is reported, not retried).
 #[derive(Default)]
 pub(crate) struct Bindings {
     bound: Mutex<HashMap<ObjectId, Binding>>,
+    refusal: Mutex<Refusal>,
+    /// Wakes the liveness task when the current incarnation was refused.
+    refused: tokio::sync::Notify,
 }
 
+/// The database's last refusal to bind, and how many incarnations in a row it refused.
+#[derive(Default)]
+struct Refusal {
+    incarnation: Option<Incarnation>,
+    reason: String,
+    in_a_row: u32,
+}
+
+/// Incarnations refused in a row, each freshly registered, after which registering again is no
+/// cure: a seal refuses one incarnation (the next binds), so even a second seal right after
+/// the first stays below this.
+const LASTING_AFTER: u32 = 3;
+
 impl Bindings {
+    /// Records that the database refused to bind `incarnation`; returns (in a row, first time
+    /// for this incarnation).
+    fn refuse(&self, incarnation: Incarnation, reason: &str) -> (u32, bool) {
+        let mut refusal = lock(&self.refusal);
+        let first = refusal.incarnation != Some(incarnation);
+        if first {
+            refusal.incarnation = Some(incarnation);
+            refusal.reason = reason.to_owned();
+            refusal.in_a_row += 1;
+        }
+        (refusal.in_a_row, first)
+    }
+
+    /// A bind passed: whatever was refused before is cured.
+    fn accepted(&self) {
+        let mut refusal = lock(&self.refusal);
+        if refusal.in_a_row > 0 {
+            *refusal = Refusal::default();
+        }
+    }
+
+    /// Whether `incarnation` was refused: it can bind nothing, so there is no point asking.
+    pub(crate) fn is_refused(&self, incarnation: Incarnation) -> bool {
+        lock(&self.refusal).incarnation == Some(incarnation)
+    }
+
+    /// The refusal's error once registering again did not cure it.
+    pub(crate) fn lasting(&self, replica_id: &str) -> Option<Error> {
+        let refusal = lock(&self.refusal);
+        (refusal.in_a_row >= LASTING_AFTER).then(|| Error::SessionsRefused {
+            replica_id: replica_id.to_owned(),
+            incarnations: refusal.in_a_row,
+            reason: refusal.reason.clone(),
+        })
+    }
+
+    /// Incarnations refused in a row (0 once a bind passed).
+    pub(crate) fn refused_in_a_row(&self) -> u32 {
+        lock(&self.refusal).in_a_row
+    }
+
+    /// Waits until a bind is refused.
+    pub(crate) async fn refusal(&self) {
+        self.refused.notified().await;
+    }
     /// The backend pid of `object` if it is bound to `incarnation`.
     fn get(&self, object: &Object, incarnation: Incarnation) -> Option<i32> {
         let bound = lock(&self.bound);
@@ -152,14 +214,28 @@ impl Bindings {
 /// Binds `object` to the credentials' incarnation unless it is already: one round trip on a
 /// connection's first tenant transaction (and after a re-registration), none after. Returns
 /// the connection's backend pid.
+///
+/// A refusal (the incarnation sealed or no longer alive) ends the incarnation: the liveness
+/// task registers again at once, which cures a seal, and until then nothing more is sent for
+/// it. Refused for [`LASTING_AFTER`] fresh incarnations in a row, it is
+/// [`Error::SessionsRefused`], not [`Error::ReplicaDown`]: a retry does not cure it.
 pub(crate) async fn bound(
-    bindings: &Bindings,
+    shared: &Shared,
     object: &Object,
     credentials: &Credentials,
-    pool_size: usize,
 ) -> Result<i32> {
+    let bindings = &shared.bindings;
     if let Some(pid) = bindings.get(object, credentials.incarnation) {
         return Ok(pid);
+    }
+    let down = || {
+        let down = Error::ReplicaDown {
+            replica_id: credentials.replica.clone(),
+        };
+        bindings.lasting(&credentials.replica).unwrap_or(down)
+    };
+    if bindings.is_refused(credentials.incarnation) {
+        return Err(down());
     }
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
     let pid: i32 = control::call(
@@ -177,12 +253,27 @@ pub(crate) async fn bound(
         None => Ok(0),
     })
     .map_err(|error| match sqlstate::of(&error) {
-        Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => Error::ReplicaDown {
-            replica_id: credentials.replica.clone(),
-        },
+        Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => {
+            let reason = crate::error::DbCause(&error).to_string();
+            let (in_a_row, first) = bindings.refuse(credentials.incarnation, &reason);
+            if first {
+                let retryable = in_a_row < LASTING_AFTER;
+                tracing::warn!(incarnation = %credentials.incarnation, %reason, in_a_row, retryable,
+                    "the database refused to bind a data session: registering again");
+                shared.emit(crate::event::Event::SessionsRefused {
+                    incarnation: credentials.incarnation,
+                    reason,
+                    in_a_row,
+                    retryable,
+                });
+                bindings.refused.notify_one();
+            }
+            down()
+        }
         _ => Error::db("bind a data session")(error),
     })?;
-    bindings.insert(object, credentials.incarnation, pid, pool_size);
+    bindings.accepted();
+    bindings.insert(object, credentials.incarnation, pid, shared.pool_size());
     Ok(pid)
 }
 

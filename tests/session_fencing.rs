@@ -167,6 +167,160 @@ async fn a_replica_sealed_while_paused_serves_again_under_the_same_id() {
     b.close().await;
 }
 
+/// A refusal that registering again does not cure (here a trigger refuses every bind of the
+/// replica, as a broken control plane would): after a few fresh incarnations it is reported as
+/// such (`Error::SessionsRefused`, not retryable; `Event::SessionsRefused` with `retryable:
+/// false`; the summary not serving), the replica backs off instead of registering many times a
+/// second, and it serves again once the cause is gone (G9).
+#[tokio::test]
+async fn a_refusal_no_new_incarnation_cures_is_reported_and_not_retried_in_a_loop() {
+    let (db, client) = database().await;
+    client
+        .batch_execute(
+            "CREATE FUNCTION public.refuse_binds() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.replica_id = 'refused' THEN
+                     RAISE EXCEPTION USING ERRCODE = 'PTE02', MESSAGE = 'binds refused by the test',
+                         DETAIL = 'no new incarnation cures this';
+                 END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_binds BEFORE INSERT ON pgtenant.sessions
+             FOR EACH ROW EXECUTE FUNCTION public.refuse_binds();",
+        )
+        .await
+        .unwrap();
+    let router = Router::start(
+        session(db.url(), "refused")
+            .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let mut events = router.subscribe();
+    let id = tenant("refusals");
+    let write = |handle: &pgtenant::TenantHandle, seq: i64| {
+        let handle = handle.clone();
+        async move {
+            support::try_create_log(&handle).await?;
+            append(&handle, "refused", seq).await
+        }
+    };
+    let started = Instant::now();
+    let mut last = None;
+    let mut seq = 0;
+    while router.summary().serving || last.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the refusal was never reported as lasting: {last:?}"
+        );
+        seq += 1;
+        let wrote = match router.open_or_create(&id).await {
+            Ok(handle) => write(&handle, seq).await,
+            Err(error) => Err(error),
+        };
+        match wrote {
+            Ok(()) => panic!("a write passed although every bind is refused"),
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // a client's retry pace
+    }
+    // Lasting now: the error says so, the summary too.
+    let refused = loop {
+        seq += 1;
+        let wrote = match router.open_or_create(&id).await {
+            Ok(handle) => write(&handle, seq).await,
+            Err(error) => Err(error),
+        };
+        match wrote {
+            Err(error @ Error::SessionsRefused { .. }) => break error,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Ok(()) => panic!("a write passed although every bind is refused"),
+        }
+    };
+    assert!(!refused.is_retryable(), "{refused}");
+    assert_eq!(refused.kind(), pgtenant::ErrorKind::Replica);
+    assert!(
+        refused
+            .to_string()
+            .contains("no new incarnation cures this"),
+        "the database's words: {refused}"
+    );
+    let summary = router.summary();
+    assert!(!summary.serving);
+    assert!(
+        summary
+            .registration_error
+            .as_deref()
+            .is_some_and(|e| e.contains("refused to bind")),
+        "{summary:?}"
+    );
+    let mut lasting_event = false;
+    while let Ok(event) = events.try_recv() {
+        if let pgtenant::Event::SessionsRefused {
+            retryable: false, ..
+        } = event
+        {
+            lasting_event = true;
+        }
+    }
+    assert!(lasting_event, "an event said the refusal is lasting");
+    // Backing off: over two seconds of a client retrying every 20 ms, a few registrations,
+    // not the ~20 a second of a refusal retried in a loop.
+    let count_registrations = || async {
+        client
+            .query_one(
+                "SELECT count(*) FROM pgtenant.history WHERE event = 'registered' AND replica_id = 'refused'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let before = count_registrations().await;
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(2) {
+        seq += 1;
+        if let Ok(handle) = router.open_or_create(&id).await {
+            let _ = write(&handle, seq).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // a client's retry pace
+    }
+    let registered = count_registrations().await - before;
+    assert!(
+        registered <= 4,
+        "{registered} registrations in 2 s: the refusal is retried in a loop"
+    );
+    // The cause goes away: the replica serves again within its longest backoff and a few ttls.
+    client
+        .batch_execute("DROP TRIGGER refuse_binds ON pgtenant.sessions")
+        .await
+        .unwrap();
+    let cured = Instant::now();
+    loop {
+        assert!(
+            cured.elapsed() < support::SERVE_AGAIN_BOUND,
+            "the replica did not serve again after the cause went away"
+        );
+        seq += 1;
+        if let Ok(handle) = router.open_or_create(&id).await {
+            if write(&handle, seq).await.is_ok() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await; // a client's retry pace
+    }
+    let summary = router.summary();
+    assert!(
+        summary.serving && summary.registration_error.is_none(),
+        "{summary:?}"
+    );
+    println!(
+        "served again {:?} after the cause went away",
+        cured.elapsed()
+    );
+    router.close().await;
+}
+
 /// A data connection opened while a seal is in progress: its bind waits for the seal and is then
 /// refused, so no backend of a sealed incarnation ever runs work.
 #[tokio::test]
