@@ -18,8 +18,8 @@ use pgtenant::admin::SweepOptions;
 use pgtenant::{ActiveWork, Error, Router};
 use pgtenant_testkit::{skip_without_citus, Source, TestDatabase};
 use support::{
-    append, check_history, count_rows, create_log, options, router, run_history, take_over, tenant,
-    History,
+    append, check_all, count_rows, create_log, options, router, run_history, take_over, tenant,
+    Faults,
 };
 
 const CHILD: &str = "replica_child";
@@ -446,10 +446,11 @@ async fn forget_restore_and_sweep_work_on_distributed_schemas() {
     router.close().await;
 }
 
-/// G1–G4 on the cluster: replica processes append (tenant, epoch, seq) rows to distributed
-/// tables while they are killed and paused at random. Afterwards no row was committed under an
-/// epoch lower than one already committed for its tenant (G1, G3), every acknowledged row is
-/// there (G4), and the epochs each tenant was opened at only grew (G2).
+/// G1–G4 and G9 on the cluster: replica processes append (tenant, epoch, seq) rows to
+/// distributed tables while they are killed and respawned under the same ids, paused, and their
+/// sessions terminated, at random. Afterwards no row was committed under an epoch lower than
+/// one already committed for its tenant (G1, G3), every acknowledged row is there (G4), the
+/// epochs each tenant was opened at only grew (G2), and the fleet served again (G9).
 #[tokio::test]
 async fn history_checker_under_kills_and_pauses_on_citus() {
     let Some((db, client)) =
@@ -459,35 +460,36 @@ async fn history_checker_under_kills_and_pauses_on_citus() {
     };
     let names = ["cit-0", "cit-1", "cit-2"];
     let ledgers = ["cit-a", "cit-b"];
-    let history = run_history(CHILD, db.url(), &names, &ledgers, 0x2545_f491_4f6c_dd1d).await;
+    let faults = Faults {
+        terminate: true,
+        ..Faults::default()
+    };
+    let history = run_history(
+        CHILD,
+        db.url(),
+        &names,
+        &ledgers,
+        0x2545_f491_4f6c_dd1d,
+        &faults,
+    )
+    .await;
+    history.assert_live(&names, &ledgers);
     let checker = router(db.url(), "cit-checker").await;
-    let mut total = 0;
     for ledger in ledgers {
         let handle = take_over(&checker, &tenant(ledger), Duration::from_secs(30)).await;
         assert!(is_distributed_schema(&client, handle.schema()).await);
-        total += check_history(&handle, ledger, &history).await;
         let epochs = history.opened.get(ledger).cloned().unwrap_or_default();
-        assert!(
-            epochs.windows(2).all(|w| w[0] <= w[1]),
-            "{ledger}: epochs went backwards: {epochs:?}"
-        );
         assert!(
             handle.epoch().get() > epochs.last().copied().unwrap_or(0),
             "{ledger}: the checker's epoch is above every earlier one"
         );
     }
-    let History {
-        kills,
-        pauses,
-        refusals,
-        ..
-    } = history;
-    println!("citus history: {kills} kills, {pauses} pauses, {refusals} refused writes, {total} acknowledged");
+    checker.close().await;
+    let total = check_all(&history, db.url(), "cit-verifier", &names, &ledgers).await;
     assert!(
-        total > 0 && kills + pauses > 0,
+        total > 0 && history.kills + history.pauses > 0,
         "the run exercised writes and faults"
     );
-    checker.close().await;
 }
 
 /// `citus_schema_move` (online, by logical replication) of a leased tenant's schema between the

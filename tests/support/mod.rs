@@ -525,18 +525,70 @@ pub(crate) struct History {
     pub(crate) opened: std::collections::HashMap<String, Vec<i64>>,
     pub(crate) kills: u32,
     pub(crate) pauses: u32,
+    pub(crate) terminations: u32,
+    pub(crate) restarts: u32,
+    pub(crate) failovers: u32,
     pub(crate) refusals: u32,
+    /// When the run began, when its last fault ended (the last pause resumed, the last restart
+    /// or promotion done), and when it ended.
+    pub(crate) started: Option<std::time::Instant>,
+    pub(crate) faults_ended: Option<std::time::Instant>,
+    pub(crate) ended: Option<std::time::Instant>,
+    /// Every acknowledged write: when its reply came, which replica, which ledger.
+    pub(crate) acks: Vec<(std::time::Instant, String, String)>,
+}
+
+/// The faults a history run injects, besides kills that respawn the same replica id and pauses
+/// past the ttl (always on). Each is a real fault: a signal to a real process, a backend
+/// terminated by the server, a server crashed with `-m immediate`, a standby promoted.
+#[derive(Default)]
+pub(crate) struct Faults<'a> {
+    /// `pg_terminate_backend` of a replica's lease session, or of every data connection.
+    pub(crate) terminate: bool,
+    /// Two crash restarts of this server (`pg_ctl stop -m immediate`, then start).
+    pub(crate) restarts: Option<&'a pgtenant_testkit::LocalCluster>,
+    /// One failover: the primary crashes and the standby is promoted (the run's URL names both).
+    pub(crate) failover: Option<&'a pgtenant_testkit::StandbyPair>,
+}
+
+/// How long a history run injects faults, and how long it goes on without any: the quiet part
+/// is longer than [`SERVE_AGAIN_BOUND`], so every replica must have served again in it (G9).
+/// `PGTENANT_HISTORY_SECS=F` makes the fault phase F seconds for a long run (the `fault_run`
+/// tests, ignored by default).
+fn phases() -> (Duration, Duration) {
+    let fault = std::env::var("PGTENANT_HISTORY_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok())
+        .map_or(Duration::from_secs(10), Duration::from_secs);
+    (fault, Duration::from_secs(10))
+}
+
+/// A superuser session for the faults' SQL, opened again after a restart or a failover.
+async fn admin_session(url: &str) -> Option<tokio_postgres::Client> {
+    let config: tokio_postgres::Config = url.parse().ok()?;
+    let (client, connection) = tokio::time::timeout(
+        Duration::from_secs(5),
+        config.connect(tokio_postgres::NoTls),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    tokio::spawn(connection);
+    Some(client)
 }
 
 /// Replica processes `names` (each started through the test binary's `child` entry point) open
-/// `ledgers` and append (tenant, epoch, seq) rows for 8 s while they are killed (3 %) and
-/// paused for 0.2–3.2 s (3 %) at random (xorshift from `seed`).
+/// the shared `ledgers` and one ledger of their own each, and append (tenant, epoch, seq) rows:
+/// for the fault phase ([`phases`]) while they are killed and respawned under the same id (3 %), paused for
+/// 0.2–3.2 s (3 %), and hit by `faults`, then for the quiet phase without a fault (xorshift
+/// from `seed`). [`History::assert_live`] checks that the fleet served again.
 pub(crate) async fn run_history(
     child: &str,
     url: &str,
     names: &[&str],
     ledgers: &[&str],
     mut seed: u64,
+    faults: &Faults<'_>,
 ) -> History {
     let mut children: Vec<ReplicaProcess> = Vec::new();
     for name in names {
@@ -544,24 +596,65 @@ pub(crate) async fn run_history(
         process.ready().await;
         children.push(process);
     }
+    let own: Vec<String> = names.iter().map(|name| format!("{name}-own")).collect();
+    let mut admin = admin_session(url).await;
     let mut paused_until: Vec<Option<std::time::Instant>> = vec![None; names.len()];
     let mut history = History::default();
     let mut seq = 0_i64;
-    let end = std::time::Instant::now() + Duration::from_secs(8);
+    let (fault_phase, quiet_phase) = phases();
+    let started = std::time::Instant::now();
+    let faults_until = started + fault_phase;
+    let end = faults_until + quiet_phase;
+    let mut faults_ended = started;
+    // Crash restarts at a third and two thirds of the fault phase; the failover at half.
+    let mut restarts_at: Vec<std::time::Instant> = match faults.restarts {
+        Some(_) => vec![started + fault_phase / 3, started + fault_phase * 2 / 3],
+        None => Vec::new(),
+    };
+    let mut failover_at = faults.failover.map(|_| started + fault_phase / 2);
     while std::time::Instant::now() < end {
+        let now = std::time::Instant::now();
+        if restarts_at.first().is_some_and(|at| now >= *at) {
+            restarts_at.remove(0);
+            let cluster = faults.restarts.expect("restarts");
+            cluster.stop_immediate().await.expect("crash the server");
+            cluster.start_again().await.expect("start the server again");
+            history.restarts += 1;
+            faults_ended = std::time::Instant::now();
+            admin = admin_session(url).await;
+        }
+        if failover_at.is_some_and(|at| now >= at) {
+            failover_at = None;
+            let pair = faults.failover.expect("failover");
+            pair.stop_primary_immediate()
+                .await
+                .expect("crash the primary");
+            pair.promote_standby().await.expect("promote the standby");
+            history.failovers += 1;
+            faults_ended = std::time::Instant::now();
+            admin = admin_session(url).await;
+        }
+        let faulting = now < faults_until;
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let c = (seed % names.len() as u64) as usize;
-        let ledger = ledgers[((seed >> 8) % ledgers.len() as u64) as usize];
+        // One pick in three goes to the replica's own ledger, which no other replica contends
+        // for: every live replica has something it can always serve.
+        let ledger = match (seed >> 8) % (ledgers.len() as u64 + 1) {
+            pick if (pick as usize) < ledgers.len() => ledgers[pick as usize],
+            _ => own[c].as_str(),
+        };
         if let Some(until) = paused_until[c] {
-            if std::time::Instant::now() < until {
+            if std::time::Instant::now() < until && faulting {
                 continue;
             }
             children[c].resume();
             paused_until[c] = None;
+            faults_ended = std::time::Instant::now();
         }
-        match (seed >> 16) % 100 {
+        let dice = if faulting { (seed >> 16) % 100 } else { 99 };
+        match dice {
             0..=2 => {
                 let old = std::mem::replace(
                     &mut children[c],
@@ -570,6 +663,7 @@ pub(crate) async fn run_history(
                 old.kill();
                 children[c].ready().await;
                 history.kills += 1;
+                faults_ended = std::time::Instant::now();
             }
             3..=5 => {
                 children[c].pause();
@@ -577,7 +671,34 @@ pub(crate) async fn run_history(
                 paused_until[c] = Some(std::time::Instant::now() + Duration::from_millis(millis));
                 history.pauses += 1;
             }
-            6..=25 => {
+            6..=7 if faults.terminate => {
+                if admin.as_ref().is_none_or(|client| client.is_closed()) {
+                    admin = admin_session(url).await;
+                }
+                // Half the time the replica's lease session, half every data connection of
+                // the database (the lease sessions, the faults' own session and the servers'
+                // own processes excepted).
+                let sql = if (seed >> 24).is_multiple_of(2) {
+                    format!(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                          WHERE datname = current_database() AND application_name = 'pgtenant lease {}'",
+                        names[c]
+                    )
+                } else {
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                      WHERE datname = current_database() AND backend_type = 'client backend'
+                        AND pid <> pg_backend_pid() AND application_name NOT LIKE 'pgtenant lease %'
+                        AND application_name NOT LIKE 'citus%'"
+                        .to_owned()
+                };
+                if let Some(client) = &admin {
+                    if client.simple_query(&sql).await.is_ok() {
+                        history.terminations += 1;
+                        faults_ended = std::time::Instant::now();
+                    }
+                }
+            }
+            8..=25 => {
                 let reply = children[c]
                     .request(&format!("open {ledger}"))
                     .await
@@ -592,16 +713,41 @@ pub(crate) async fn run_history(
             }
             _ => {
                 seq += 1;
-                let reply = children[c]
+                let mut reply = children[c]
                     .request(&format!("write {ledger} {seq}"))
                     .await
                     .unwrap_or_default();
+                if !faulting && reply.starts_with("error") {
+                    // Without faults a replica opens what it needs (a lease lost in a fault,
+                    // or a ledger it never opened), as an application would.
+                    let opened = children[c]
+                        .request(&format!("open {ledger}"))
+                        .await
+                        .unwrap_or_default();
+                    if let Some(epoch) = opened.strip_prefix("opened ") {
+                        history
+                            .opened
+                            .entry(ledger.to_owned())
+                            .or_default()
+                            .push(epoch.parse().expect("epoch"));
+                        seq += 1;
+                        reply = children[c]
+                            .request(&format!("write {ledger} {seq}"))
+                            .await
+                            .unwrap_or_default();
+                    }
+                }
                 if reply.starts_with("ok") {
                     history
                         .acked
                         .entry(ledger.to_owned())
                         .or_default()
                         .insert((names[c].to_owned(), seq));
+                    history.acks.push((
+                        std::time::Instant::now(),
+                        names[c].to_owned(),
+                        ledger.to_owned(),
+                    ));
                 } else {
                     history.refusals += 1;
                 }
@@ -613,7 +759,114 @@ pub(crate) async fn run_history(
             process.resume();
         }
     }
+    history.started = Some(started);
+    history.faults_ended = Some(faults_ended);
+    history.ended = Some(std::time::Instant::now());
     history
+}
+
+impl History {
+    /// The liveness half of the verdict (DESIGN G9): every replica id acknowledged writes in the
+    /// last third of the run; each served again within [`SERVE_AGAIN_BOUND`] of the last fault's
+    /// end; every shared ledger was written after it; and no stretch of the run went without an
+    /// acknowledged write for over 10 s. Returns the longest such stretch.
+    pub(crate) fn assert_live(&self, names: &[&str], ledgers: &[&str]) -> Duration {
+        let (started, faults_ended, ended) = (
+            self.started.expect("run"),
+            self.faults_ended.expect("run"),
+            self.ended.expect("run"),
+        );
+        let last_third = ended - (ended - started) / 3;
+        let mut stretch = Duration::ZERO;
+        let mut previous = started;
+        for (at, _, _) in &self.acks {
+            stretch = stretch.max(at.saturating_duration_since(previous));
+            previous = previous.max(*at);
+        }
+        stretch = stretch.max(ended.saturating_duration_since(previous));
+        let mut back = Vec::new();
+        for name in names {
+            let first_after = self
+                .acks
+                .iter()
+                .find(|(at, replica, _)| replica == name && *at >= faults_ended)
+                .map(|(at, _, _)| at.duration_since(faults_ended));
+            let in_last_third = self
+                .acks
+                .iter()
+                .any(|(at, replica, _)| replica == name && *at >= last_third);
+            assert!(
+                in_last_third,
+                "replica {name} acknowledged no write in the last third of the run (G9)"
+            );
+            let first_after = first_after.expect("an ack after the faults");
+            assert!(
+                first_after <= SERVE_AGAIN_BOUND,
+                "replica {name} served again {first_after:?} after the last fault, over {SERVE_AGAIN_BOUND:?} (G9)"
+            );
+            back.push(first_after);
+        }
+        for ledger in ledgers {
+            assert!(
+                self.acks
+                    .iter()
+                    .any(|(at, _, acked)| acked == ledger && *at >= faults_ended),
+                "ledger {ledger} was not written after the last fault (G9)"
+            );
+        }
+        println!(
+            "liveness: {} acknowledged writes; last fault ended {:?} into the run; every replica \
+             back within {:?}; longest stretch without an acknowledged write {stretch:?}",
+            self.acks.len(),
+            faults_ended - started,
+            back.iter().max().copied().unwrap_or_default()
+        );
+        assert!(
+            stretch <= Duration::from_secs(10),
+            "{stretch:?} without an acknowledged write (G9)"
+        );
+        stretch
+    }
+}
+
+/// The safety half of the verdict on every ledger of a run (shared and own), through a checker
+/// replica that takes each over: see [`check_history`]. Returns how many writes were
+/// acknowledged.
+pub(crate) async fn check_all(
+    history: &History,
+    url: &str,
+    checker: &str,
+    names: &[&str],
+    ledgers: &[&str],
+) -> usize {
+    let checker = router(url, checker).await;
+    let own: Vec<String> = names.iter().map(|name| format!("{name}-own")).collect();
+    let mut total = 0;
+    for ledger in ledgers
+        .iter()
+        .copied()
+        .chain(own.iter().map(String::as_str))
+    {
+        let handle = take_over(&checker, &tenant(ledger), Duration::from_secs(30)).await;
+        total += check_history(&handle, ledger, history).await;
+        let epochs = history.opened.get(ledger).cloned().unwrap_or_default();
+        assert!(
+            epochs.windows(2).all(|w| w[0] <= w[1]),
+            "{ledger}: epochs went backwards: {epochs:?}"
+        );
+    }
+    println!(
+        "history: {} kills, {} pauses, {} terminations, {} crash restarts, {} failovers, \
+         {} refused writes, {total} acknowledged",
+        history.kills,
+        history.pauses,
+        history.terminations,
+        history.restarts,
+        history.failovers,
+        history.refusals
+    );
+    checker.close().await;
+    total
 }
 
 /// The history's verdict on one ledger, read through `handle` (the checker's, which took it
