@@ -671,3 +671,128 @@ async fn a_takeover_seals_the_owner_even_when_it_died_after_seal_owner_looked() 
         "the old owner's data session still answers"
     );
 }
+
+/// Rolling upgrade from V7 under running replicas: V8 keeps every signature, so a V7 replica's
+/// lease session and data sessions go on calling the same functions across it. A replica id
+/// that V7's stale seal had stopped (sealed at incarnation 1, registered again as 2, every bind
+/// of 2 refused) binds again once V8 is in; an incarnation that is really sealed (not alive)
+/// keeps its seal, now in `pgtenant.seals`.
+#[tokio::test]
+async fn v8_applies_under_running_v7_replicas_and_frees_an_id_a_stale_seal_stopped() {
+    let db = TestDatabase::create().await.expect("database");
+    let mut admin = db.connect().await.unwrap();
+    support::control_plane_at(&mut admin, 7).await;
+    let declare = "SELECT pgtenant.declare_session_fencing($1, $2, $3)";
+    let bind = "SELECT pgtenant.bind($1, $2, $3)";
+
+    // "stuck": incarnation 1 sealed as V7's takeover seals, then registered again on the same
+    // lease session (it still holds the liveness lock), as a resumed replica does.
+    let lease = db.connect().await.unwrap();
+    let (first, first_secret) = support::register_by_hand(&lease, "stuck").await;
+    lease
+        .execute(declare, &[&"stuck", &first, &first_secret])
+        .await
+        .unwrap();
+    admin
+        .execute(
+            "UPDATE pgtenant.replicas SET sealed_at = clock_timestamp() WHERE replica_id = 'stuck'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let row = lease
+        .query_one(
+            "SELECT incarnation, secret FROM pgtenant.register('stuck', 60000, NULL)",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (second, secret): (i64, String) = (row.get(0), row.get(1));
+    lease
+        .execute(declare, &[&"stuck", &second, &secret])
+        .await
+        .unwrap();
+    let data = db.connect().await.unwrap();
+    let refused = data
+        .query_one(bind, &[&"stuck", &second, &secret])
+        .await
+        .expect_err("V7 refuses a later incarnation of a sealed id");
+    assert_eq!(refused.code().map(|c| c.code()), Some("PTE02"));
+
+    // "dead": sealed at its current incarnation, its lease session gone.
+    let dead_lease = db.connect().await.unwrap();
+    let (dead, dead_secret) = support::register_by_hand(&dead_lease, "dead").await;
+    dead_lease
+        .execute(declare, &[&"dead", &dead, &dead_secret])
+        .await
+        .unwrap();
+    drop(dead_lease);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while admin
+        .query_one(
+            "SELECT lock_held FROM pgtenant.replica_liveness WHERE replica_id = 'dead'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "the dead session's lock went");
+        tokio::time::sleep(Duration::from_millis(10)).await; // polling a condition
+    }
+    admin
+        .execute(
+            "UPDATE pgtenant.replicas SET sealed_at = clock_timestamp() WHERE replica_id = 'dead'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let report = pgtenant::setup(&mut admin)
+        .await
+        .expect("V8 under running replicas");
+    assert_eq!(report.applied, support::migration_names(7));
+
+    // The V7 replica goes on: its heartbeat renews, and its binds pass now.
+    let renewed: bool = lease
+        .query_one(
+            "SELECT pgtenant.heartbeat('stuck', $1, $2, 60000)",
+            &[&second, &secret],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(renewed);
+    let pid: i32 = data
+        .query_one(bind, &[&"stuck", &second, &secret])
+        .await
+        .expect("V8 binds a later incarnation of an id sealed before")
+        .get(0);
+    assert!(pid > 0);
+    let states: Vec<(String, String, bool)> = admin
+        .query(
+            "SELECT replica_id, state, sealed_at IS NOT NULL FROM pgtenant.replica_status ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("dead".to_owned(), "sealed".to_owned(), true),
+            ("stuck".to_owned(), "alive".to_owned(), false)
+        ]
+    );
+    let kept: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pgtenant.seals WHERE replica_id = 'dead' AND incarnation = $1",
+            &[&dead],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 1, "the real seal was carried over");
+}
