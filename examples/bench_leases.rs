@@ -105,15 +105,21 @@ enum Variant {
     One,
     /// Four `execute_typed` INSERTs per transaction: the fixed cost over more work.
     Four,
+    /// pgbench's built-in TPC-B transaction (three UPDATEs, a SELECT, an INSERT), each
+    /// statement sent with `execute(&str, …)` as application code does, one tenant per client.
+    TpcB,
 }
 
-const VARIANTS: [Variant; 2] = [Variant::One, Variant::Four];
+const VARIANTS: [Variant; 3] = [Variant::One, Variant::Four, Variant::TpcB];
 
 impl Variant {
     fn title(self) -> &'static str {
         match self {
             Variant::One => "A. one `tx.execute_typed` INSERT per transaction",
             Variant::Four => "B. four `tx.execute_typed` INSERTs per transaction",
+            Variant::TpcB => {
+                "C. pgbench's TPC-B transaction, `tx.execute(&str, …)` per statement, one tenant per client"
+            }
         }
     }
 }
@@ -196,6 +202,61 @@ struct Sides {
     unqualified: Arc<str>,
     shard: i32,
     postmaster: u32,
+    /// TPC-B, one tenant per client (by client id): the session router's handles, the
+    /// transaction router's, and the unfenced modes' schemas.
+    tpcb_session: Arc<Vec<TenantHandle>>,
+    tpcb_transaction: Arc<Vec<TenantHandle>>,
+    tpcb_schemas: Arc<Vec<String>>,
+}
+
+/// TPC-B's tables, as pgbench creates them (scale 1, with 1 000 accounts per tenant instead of
+/// 100 000: each client has a tenant of its own, so no client waits for another's rows).
+const TPCB_TABLES: &str = "
+CREATE TABLE pgbench_branches (bid integer PRIMARY KEY, bbalance integer NOT NULL, filler char(88));
+CREATE TABLE pgbench_tellers (tid integer PRIMARY KEY, bid integer, tbalance integer NOT NULL, filler char(84));
+CREATE TABLE pgbench_accounts (aid integer PRIMARY KEY, bid integer, abalance integer NOT NULL, filler char(84));
+CREATE TABLE pgbench_history (tid integer, bid integer, aid integer, delta integer, mtime timestamp, filler char(22));
+INSERT INTO pgbench_branches VALUES (1, 0, NULL);
+INSERT INTO pgbench_tellers SELECT t, 1, 0, NULL FROM generate_series(1, 10) t;
+INSERT INTO pgbench_accounts SELECT a, 1, 0, NULL FROM generate_series(1, 1000) a;";
+const TPCB_ACCOUNTS: i64 = 1_000;
+
+/// TPC-B's five statements (pgbench's `tpcb-like` script), unqualified or in `schema`.
+fn tpcb_statements(schema: Option<&str>) -> [String; 5] {
+    let t = |table: &str| match schema {
+        Some(schema) => format!("{schema}.{table}"),
+        None => table.to_owned(),
+    };
+    [
+        format!("UPDATE {} SET abalance = abalance + $1 WHERE aid = $2", t("pgbench_accounts")),
+        format!("SELECT abalance FROM {} WHERE aid = $1", t("pgbench_accounts")),
+        format!("UPDATE {} SET tbalance = tbalance + $1 WHERE tid = $2", t("pgbench_tellers")),
+        format!("UPDATE {} SET bbalance = bbalance + $1 WHERE bid = $2", t("pgbench_branches")),
+        format!(
+            "INSERT INTO {} (tid, bid, aid, delta, mtime) VALUES ($1, $2, $3, $4, CURRENT_TIMESTAMP)",
+            t("pgbench_history")
+        ),
+    ]
+}
+
+/// One TPC-B transaction's statements on `tx` (any `GenericClient`), with pgbench's random
+/// choices drawn from `n`.
+async fn tpcb_work(
+    tx: &pgtenant::postgres::Transaction<'_>,
+    sql: &[String; 5],
+    n: i64,
+) -> Result<(), pgtenant::postgres::Error> {
+    // A cheap deterministic spread over the accounts and tellers (pgbench draws uniformly).
+    let mix = n.wrapping_mul(0x9e37_79b9).rem_euclid(1 << 30);
+    let aid = i32::try_from(mix % TPCB_ACCOUNTS + 1).expect("aid");
+    let tid = i32::try_from(mix % 10 + 1).expect("tid");
+    let (bid, delta) = (1_i32, i32::try_from(mix % 10_001 - 5_000).expect("delta"));
+    tx.execute(&sql[0], &[&delta, &aid]).await?;
+    tx.query(&sql[1], &[&aid]).await?;
+    tx.execute(&sql[2], &[&delta, &tid]).await?;
+    tx.execute(&sql[3], &[&delta, &bid]).await?;
+    tx.execute(&sql[4], &[&tid, &bid, &aid, &delta]).await?;
+    Ok(())
 }
 
 #[tokio::main]
@@ -421,6 +482,21 @@ async fn open_tenant(router: &Router, ledger: &str) -> TenantHandle {
     handle
 }
 
+async fn tpcb_tenant(router: &Router, ledger: &str) -> TenantHandle {
+    let id = TenantId::new("bench", ledger).expect("tenant id");
+    let handle = router.open_or_create(&id).await.expect("open tenant");
+    handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute(TPCB_TABLES).await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+        .expect("create the TPC-B tables");
+    handle
+}
+
 async fn bench_clients(
     cfg: &Config,
     url: &str,
@@ -440,7 +516,30 @@ async fn bench_clients(
         ))
         .await
         .expect("create baseline table");
+    // TPC-B: a tenant of its own per client on each router, and a schema of its own per client
+    // for the unfenced modes.
+    let mut tpcb_session = Vec::new();
+    let mut tpcb_transaction = Vec::new();
+    let mut tpcb_schemas = Vec::new();
+    if throughput {
+        for k in 0..clients {
+            tpcb_session.push(tpcb_tenant(&session_router, &format!("tpcb-s{clients}-{k}")).await);
+            tpcb_transaction
+                .push(tpcb_tenant(&transaction_router, &format!("tpcb-t{clients}-{k}")).await);
+            let schema = format!("baseline_tpcb_c{clients}_{k}");
+            admin
+                .batch_execute(&format!(
+                    "CREATE SCHEMA {schema}; SET search_path = {schema}; {TPCB_TABLES}; RESET search_path"
+                ))
+                .await
+                .expect("TPC-B baseline schema");
+            tpcb_schemas.push(schema);
+        }
+    }
     let sides = Sides {
+        tpcb_session: Arc::new(tpcb_session),
+        tpcb_transaction: Arc::new(tpcb_transaction),
+        tpcb_schemas: Arc::new(tpcb_schemas),
         session: open_tenant(&session_router, &format!("s-c{clients}")).await,
         session2: open_tenant(&session_router, &format!("s2-c{clients}")).await,
         transaction: open_tenant(&transaction_router, &format!("t-c{clients}")).await,
@@ -477,7 +576,11 @@ async fn bench_clients(
         }
         eprintln!(
             "[bench]   {} clients={clients}: {}",
-            if variant == Variant::One { "1" } else { "4" },
+            match variant {
+                Variant::One => "1",
+                Variant::Four => "4",
+                Variant::TpcB => "tpcb",
+            },
             MODES
                 .iter()
                 .map(|m| format!("{} {:.0}", m.name(), row.median_tps(*m)))
@@ -660,7 +763,23 @@ async fn round(job: Job, clients: usize, length: Duration, sides: &Sides) -> (Sa
 }
 
 async fn one_transaction(job: Job, sides: &Sides, client_id: i32, n: i64) -> Result<(), String> {
+    let client = usize::try_from(client_id).expect("client id");
     match job {
+        Job::Mode(Mode::Session, Variant::TpcB) => {
+            tpcb_fenced(&sides.tpcb_session[client], n).await
+        }
+        Job::Mode(Mode::Transaction, Variant::TpcB) => {
+            tpcb_fenced(&sides.tpcb_transaction[client], n).await
+        }
+        Job::Mode(mode, Variant::TpcB) => {
+            let schema = &sides.tpcb_schemas[client];
+            let extra = match mode {
+                Mode::Pinned => Extra::Pin,
+                Mode::Peer => Extra::Peer(sides.shard),
+                _ => Extra::None,
+            };
+            tpcb_plain(&sides.pool, schema, extra, n).await
+        }
         Job::Mode(Mode::Session, variant) => fenced_tx(&sides.session, variant, client_id, n).await,
         Job::Mode(Mode::Transaction, variant) => {
             fenced_tx(&sides.transaction, variant, client_id, n).await
@@ -714,6 +833,65 @@ async fn fenced_tx(
         })
         .await
         .map_err(|e| e.to_string())
+}
+
+/// TPC-B through `TenantHandle::run`: unqualified names, `search_path` is the tenant's.
+async fn tpcb_fenced(handle: &TenantHandle, n: i64) -> Result<(), String> {
+    static SQL: std::sync::OnceLock<[String; 5]> = std::sync::OnceLock::new();
+    let sql = SQL.get_or_init(|| tpcb_statements(None));
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tpcb_work(&tx, sql, n).await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// TPC-B unfenced on the data pool: pinned (`search_path` set per transaction, unqualified
+/// names), bare (qualified names) or peer (qualified, and the fencing row's read).
+async fn tpcb_plain(pool: &Pool, schema: &str, extra: Extra, n: i64) -> Result<(), String> {
+    let sql = match extra {
+        Extra::Pin => tpcb_statements(None),
+        _ => tpcb_statements(Some(schema)),
+    };
+    let mut client = pool.get().await.map_err(|e| e.to_string())?;
+    let statement = match extra {
+        Extra::None => None,
+        Extra::Pin => Some(client.prepare_cached(PIN_SQL).await),
+        Extra::Peer(_) => Some(client.prepare_cached(PEER_SQL).await),
+    }
+    .transpose()
+    .map_err(|e| e.to_string())?;
+    let tx = client
+        .build_transaction()
+        .read_only(false)
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let work = tpcb_work(&tx, &sql, n);
+    let shard = match extra {
+        Extra::Peer(shard) => shard,
+        _ => 0,
+    };
+    let (pin, peer): ([&(dyn ToSql + Sync); 1], [&(dyn ToSql + Sync); 1]) = ([&schema], [&shard]);
+    match (extra, &statement) {
+        (Extra::Pin, Some(statement)) => {
+            tokio::try_join!(tx.query(statement, &pin), work).map_err(|e| e.to_string())?;
+        }
+        (Extra::Peer(_), Some(statement)) => {
+            let (rows, ()) =
+                tokio::try_join!(tx.query(statement, &peer), work).map_err(|e| e.to_string())?;
+            let range: Option<i64> = rows.first().map(|row| row.get(0));
+            if range != Some(PEER_RANGE) {
+                return Err(format!("fenced: range_id {range:?}"));
+            }
+        }
+        _ => work.await.map_err(|e| e.to_string())?,
+    }
+    tx.commit().await.map_err(|e| e.to_string())
 }
 
 /// What an unfenced transaction sends ahead of its work, in the same flight.
@@ -1209,19 +1387,22 @@ fn summary_lines(
     takeover: &[TakeoverResult],
 ) -> Vec<String> {
     let mut lines = Vec::new();
+    // Medians of the per-round ratios (the modes of a round ran next to each other).
     for (variant, prefix) in [
         (Variant::One, "fence-bench"),
         (Variant::Four, "fence-bench-4"),
+        (Variant::TpcB, "fence-bench-tpcb"),
     ] {
         for row in throughput.iter().filter(|r| r.variant == variant) {
             lines.push(format!(
-                "{prefix}: clients={} session/pinned={:.3} transaction/pinned={:.3} bare/pinned={:.3} peer/pinned={:.3} session/peer={:.3}",
+                "{prefix}: clients={} session/pinned={:.3} transaction/pinned={:.3} bare/pinned={:.3} peer/pinned={:.3} session/peer={:.3} rounds={}",
                 row.clients,
-                row.ratio(Mode::Session, Mode::Pinned),
-                row.ratio(Mode::Transaction, Mode::Pinned),
-                row.ratio(Mode::Bare, Mode::Pinned),
-                row.ratio(Mode::Peer, Mode::Pinned),
-                row.ratio(Mode::Session, Mode::Peer),
+                row.paired(Mode::Session, Mode::Pinned),
+                row.paired(Mode::Transaction, Mode::Pinned),
+                row.paired(Mode::Bare, Mode::Pinned),
+                row.paired(Mode::Peer, Mode::Pinned),
+                row.paired(Mode::Session, Mode::Peer),
+                row.tps(Mode::Session).len(),
             ));
         }
     }
@@ -1337,8 +1518,12 @@ fn render(
             let both =
                 |a: Mode, b: Mode| format!("{:.3} ({:.3})", row.ratio(a, b), row.paired(a, b));
             let met = match variant {
-                Variant::One => row.ratio(Mode::Session, Mode::Pinned) >= 0.97,
-                Variant::Four => row.ratio(Mode::Transaction, Mode::Pinned) >= 0.95,
+                Variant::One => row.paired(Mode::Session, Mode::Pinned) >= 0.97,
+                Variant::Four => row.paired(Mode::Transaction, Mode::Pinned) >= 0.95,
+                Variant::TpcB => {
+                    row.paired(Mode::Session, Mode::Pinned) >= 0.97
+                        && row.paired(Mode::Transaction, Mode::Pinned) >= 0.95
+                }
             };
             let _ = writeln!(
                 w,
@@ -1358,6 +1543,7 @@ fn render(
                 match variant {
                     Variant::One => format!("session: {}", yes(met)),
                     Variant::Four => format!("transaction: {}", yes(met)),
+                    Variant::TpcB => format!("both: {}", yes(met)),
                 },
                 row.errors
             );

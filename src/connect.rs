@@ -46,12 +46,14 @@ pub(crate) type Messages = Box<
     dyn FnMut(&mut Context<'_>) -> Poll<Option<Result<AsyncMessage, tokio_postgres::Error>>> + Send,
 >;
 
-/// A connection just made: the client, its messages, and what the server reported as
-/// `in_hot_standby` at startup (None before PostgreSQL 14, which does not report it).
+/// A connection just made: the client, its messages, what the server reported as
+/// `in_hot_standby` at startup (None before PostgreSQL 14, which does not report it), and a
+/// reader of what it reports later (see `wire.rs`).
 struct Opened {
     client: Client,
     messages: Messages,
     hot_standby: Option<bool>,
+    parameters: crate::wire::Parameters,
 }
 
 type Connect =
@@ -85,13 +87,29 @@ impl Connector {
             connect: Arc::new(move |config: Config| {
                 let tls = for_connect.clone();
                 Box::pin(async move {
-                    let (client, mut connection) = config.connect(tls).await?;
+                    let (client, connection) = config.connect(tls).await?;
                     let hot_standby = connection.parameter("in_hot_standby").map(|v| v == "on");
-                    let messages: Messages = Box::new(move |cx| connection.poll_message(cx));
+                    // Shared with the parameter reader; the driver holds the lock only while
+                    // it polls, the reader only while it copies one value. The reader holds
+                    // it weakly: when the driver stops (at the connection's first error) the
+                    // connection must go with it, which fails the requests in flight instead
+                    // of leaving them waiting for the stuck timeout.
+                    let connection = Arc::new(std::sync::Mutex::new(connection));
+                    let reader = Arc::downgrade(&connection);
+                    let parameters: crate::wire::Parameters = Arc::new(move |name: &str| {
+                        let connection = reader.upgrade()?;
+                        let value = crate::replica::lock(&connection)
+                            .parameter(name)
+                            .map(str::to_owned);
+                        value
+                    });
+                    let messages: Messages =
+                        Box::new(move |cx| crate::replica::lock(&connection).poll_message(cx));
                     Ok(Opened {
                         client,
                         messages,
                         hot_standby,
+                        parameters,
                     })
                 })
             }),
@@ -136,6 +154,7 @@ impl Connector {
                 client,
                 mut messages,
                 hot_standby,
+                parameters,
             } = opened;
             let checked = tokio::time::timeout(
                 self.timeout,
@@ -148,6 +167,7 @@ impl Connector {
                         client,
                         messages,
                         host,
+                        parameters,
                     })
                 }
                 Ok(Some(Err(error))) if crate::sqlstate::of(&error) == Some(NOT_PRIMARY) => {
@@ -240,6 +260,8 @@ pub(crate) struct Connected {
     /// The host it reached, as a config of its own: a second connection that must reach the
     /// same server (the pooler probe) uses it, and error texts name it.
     pub(crate) host: Config,
+    /// What the server reported last, parameter by parameter (`wire.rs`).
+    pub(crate) parameters: crate::wire::Parameters,
 }
 
 /// Why one host was not taken.
@@ -304,11 +326,33 @@ impl deadpool_postgres::Connect for PrimaryConnect {
         &self,
         config: &Config,
     ) -> BoxFuture<'_, Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>> {
-        let config = config.clone();
+        // The token by which the data path finds what this connection's server reports
+        // (`wire.rs`): a startup option, which RESET ALL keeps.
+        let token = crate::wire::new_token();
+        let mut config = config.clone();
+        let startup = match config.get_options() {
+            Some(existing) if !existing.trim().is_empty() => {
+                format!("{existing} -c {}={token}", crate::wire::TOKEN_SETTING)
+            }
+            _ => format!("-c {}={token}", crate::wire::TOKEN_SETTING),
+        };
+        config.options(startup);
         Box::pin(async move {
             let mut failures = match self.0.open_primary(&config).await {
                 Ok(connected) => {
-                    return Ok((connected.client, tokio::spawn(drive(connected.messages))))
+                    let Connected {
+                        client,
+                        messages,
+                        parameters,
+                        ..
+                    } = connected;
+                    crate::wire::register(token, &parameters);
+                    let driver = tokio::spawn(async move {
+                        drive(messages).await;
+                        // The reader lives as long as the connection.
+                        drop(parameters);
+                    });
+                    return Ok((client, driver));
                 }
                 Err(failures) => failures,
             };

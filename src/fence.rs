@@ -45,6 +45,13 @@ const ENTER_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
 /// cursor is gone, CLOSE fails and nothing the work did after that commits: one message, no
 /// extra round trip.
 const COMMIT_SQL: &str = "CLOSE pgtenant_fenced; COMMIT";
+/// Session fencing on a connection whose server reports the transaction signal (`wire.rs`):
+/// the pin, the same statement an unfenced schema-per-tenant transaction sends, plus the
+/// signal, set for this transaction only. Its one parameter is the `search_path`.
+const PIN_SQL: &str = "SELECT pg_catalog.set_config('search_path', $1, true), \
+                       pg_catalog.set_config('default_transaction_read_only', 'off', true)";
+/// The session reset, pipelined ahead of the pin when the connection changes tenant.
+const RESET_SQL: &str = "SELECT pgtenant.reset_session($1)";
 
 /// The transaction [`TenantHandle::run`](crate::TenantHandle::run) hands its work: derefs to
 /// the driver's [`Transaction`]. `'a` is what the work may borrow from its caller.
@@ -69,19 +76,52 @@ impl std::fmt::Debug for Tx<'_, '_> {
     }
 }
 
-/// How this transaction is fenced: the fence statement, or (session fencing) the bound
-/// connection's backend and the enter statement.
+/// How this transaction is fenced: the fence statement; or (session fencing) the bound
+/// connection's backend and either the pin alone (a connection that reports the transaction
+/// signal) or the enter statement with its marker cursor.
 enum Entry {
     Fence(Option<Statement>),
-    Session { pid: i32, enter: Option<Statement> },
+    Session {
+        pid: i32,
+        enter: Option<Statement>,
+    },
+    Pinned {
+        pid: i32,
+        pin: Option<Statement>,
+        /// The connection changes tenant: reset the session first.
+        reset: bool,
+        signal: crate::wire::Parameters,
+    },
 }
 
 impl Entry {
     fn backend(&self) -> Option<i32> {
         match self {
             Entry::Fence(_) => None,
-            Entry::Session { pid, .. } => Some(*pid),
+            Entry::Session { pid, .. } | Entry::Pinned { pid, .. } => Some(*pid),
         }
+    }
+
+    /// The signal that tells whether the work ended the transaction; None for the marker.
+    fn signal(&self) -> Option<&crate::wire::Parameters> {
+        match self {
+            Entry::Pinned { signal, .. } => Some(signal),
+            _ => None,
+        }
+    }
+}
+
+/// The work ended the fenced transaction itself (the signal says so): report it, and let the
+/// driver's transaction roll back whatever the work began after that.
+fn ensure_still_fenced(handle: &HandleInner, entry: &Entry) -> Result<()> {
+    match entry.signal() {
+        Some(signal) if !crate::data_sessions::still_fenced(signal) => {
+            Err(Error::TransactionEnded {
+                tenant: handle.id.clone(),
+                epoch: handle.epoch,
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -98,6 +138,25 @@ async fn entry(
     let cached = router.options.statement_cache;
     if router.session_fencing() {
         let pid = crate::sessions::bound(router, client, &handle.credentials).await?;
+        let entered = router.data_sessions.enter(client, &handle.key).await?;
+        if let Some(signal) = entered.signal {
+            let pin = if cached {
+                Some(
+                    client
+                        .prepare_cached(PIN_SQL)
+                        .await
+                        .map_err(Error::db("prepare the pin"))?,
+                )
+            } else {
+                None
+            };
+            return Ok(Entry::Pinned {
+                pid,
+                pin,
+                reset: entered.reset,
+                signal,
+            });
+        }
         let enter = if cached {
             Some(
                 client
@@ -128,6 +187,25 @@ async fn fence(
     entry: &Entry,
     read_only: bool,
 ) -> std::result::Result<(), tokio_postgres::Error> {
+    if let Entry::Pinned { pin, reset, .. } = entry {
+        let pinned = async {
+            match pin {
+                Some(statement) => tx.query(statement, &[&handle.search_path]).await.map(drop),
+                None => tx
+                    .query_typed(PIN_SQL, &[(&handle.search_path, Type::TEXT)])
+                    .await
+                    .map(drop),
+            }
+        };
+        if !*reset {
+            return pinned.await;
+        }
+        let key: &str = &handle.key;
+        let reset_params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
+        // In order on the wire: the reset, then the pin (join! polls in order).
+        let (reset, pinned) = tokio::join!(tx.query_typed(RESET_SQL, &reset_params), pinned);
+        return reset.map(drop).and(pinned);
+    }
     let key = handle.id.key();
     if let Entry::Session { enter, .. } = entry {
         let params: [&(dyn ToSql + Sync); 2] = [&key, &handle.schema];
@@ -181,10 +259,21 @@ async fn begin<'c>(
     }
 }
 
-/// Commits with the marker's proof, within the stuck bound.
-async fn commit(handle: &HandleInner, tx: Transaction<'_>, stuck: &AtomicBool) -> Result<()> {
+/// Commits, with the marker's proof unless the signal gave it, within the stuck bound.
+async fn commit(
+    handle: &HandleInner,
+    tx: Transaction<'_>,
+    entry: &Entry,
+    stuck: &AtomicBool,
+) -> Result<()> {
+    ensure_still_fenced(handle, entry)?;
     let bound = handle.router.options.stuck_timeout;
-    match tokio::time::timeout(bound, tx.batch_execute(COMMIT_SQL)).await {
+    let sql = if entry.signal().is_some() {
+        "COMMIT"
+    } else {
+        COMMIT_SQL
+    };
+    match tokio::time::timeout(bound, tx.batch_execute(sql)).await {
         Ok(Ok(())) => {
             // Committed: the driver's transaction must not send its ROLLBACK on drop (it holds
             // only a borrow of the connection, so forgetting it leaks nothing).
@@ -279,7 +368,11 @@ where
         return Err(handle.refused(error, "fence tenant work").into());
     }
     let value = outcome?;
-    commit(handle, tx, stuck).await?;
+    commit(handle, tx, &entry, stuck).await?;
+    handle
+        .router
+        .data_sessions
+        .committed(deadpool_postgres::Object::id(object), &handle.key);
     Ok(value)
 }
 
@@ -355,6 +448,7 @@ impl TenantConnection {
             ));
         };
         let in_flight = handle.begin_work()?;
+        let object_id = deadpool_postgres::Object::id(object);
         let entry = entry(handle, object, read_only).await?;
         let cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
         handle.still_admitted()?;
@@ -366,6 +460,8 @@ impl TenantConnection {
             tx,
             handle,
             stuck: &self.stuck,
+            object: object_id,
+            entry,
             _in_flight: in_flight,
             _cancel: cancel,
         })
@@ -399,6 +495,8 @@ pub struct TenantTransaction<'c> {
     tx: Transaction<'c>,
     handle: &'c Arc<HandleInner>,
     stuck: &'c AtomicBool,
+    object: deadpool_postgres::ObjectId,
+    entry: Entry,
     _in_flight: InFlight,
     _cancel: CancelOnForget,
 }
@@ -428,9 +526,16 @@ impl TenantTransaction<'_> {
     /// transaction themselves; database errors (the transaction rolled back).
     pub async fn commit(self) -> Result<()> {
         let TenantTransaction {
-            tx, handle, stuck, ..
+            tx,
+            handle,
+            stuck,
+            object,
+            entry,
+            ..
         } = self;
-        commit(handle, tx, stuck).await
+        commit(handle, tx, &entry, stuck).await?;
+        handle.router.data_sessions.committed(object, &handle.key);
+        Ok(())
     }
 
     /// Rolls back (as dropping the guard does), reporting the database's answer.

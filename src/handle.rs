@@ -31,6 +31,10 @@ pub(crate) struct HandleInner {
     /// Whether this tenure began by creating the tenant.
     pub(crate) created: bool,
     pub(crate) schema: String,
+    /// The tenant's key (`organization/ledger`), shared with the data path's bookkeeping.
+    pub(crate) key: Arc<str>,
+    /// `search_path` as the pin sets it: the schema, then `pg_temp` explicitly last (G6).
+    pub(crate) search_path: String,
     state: AtomicU8,
     /// Held while work is admitted (state checked, in-flight count raised) and while the state
     /// changes: a voluntary end that moved the state and then found nothing in flight cannot
@@ -72,6 +76,8 @@ pub(crate) struct Acquired {
 impl HandleInner {
     pub(crate) fn new(id: TenantId, lease: Acquired, router: Arc<Shared>) -> Self {
         HandleInner {
+            key: Arc::from(id.key()),
+            search_path: format!("{}, pg_temp", lease.schema),
             id,
             epoch: lease.epoch,
             credentials: lease.credentials,

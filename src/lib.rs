@@ -57,6 +57,7 @@ mod citus;
 mod connect;
 mod control;
 mod control_plane;
+mod data_sessions;
 mod error;
 mod event;
 mod fence;
@@ -74,6 +75,7 @@ mod router;
 mod sessions;
 mod sqlstate;
 mod tenant_migrations;
+mod wire;
 
 pub use connect::DEFAULT_CONNECT_TIMEOUT;
 pub use control_plane::{setup, setup_url};

@@ -29,6 +29,10 @@ use crate::replica::{lock, RegistrationFailure, Shared};
 pub(crate) struct Credentials {
     pub(crate) replica: String,
     pub(crate) incarnation: Incarnation,
+    /// This process's number for the registration, unique across its registrations: after a
+    /// lossy failover the database can issue an incarnation number again, so state kept per
+    /// incarnation on this side (a refusal, a binding) is kept per registration (DESIGN G9).
+    pub(crate) registration: u64,
     secret: String,
 }
 
@@ -180,6 +184,7 @@ impl LeaseSession {
             client,
             mut messages,
             host,
+            ..
         } = options
             .connector
             .connect(config, "open the lease session")
@@ -227,6 +232,10 @@ impl LeaseSession {
             credentials: Credentials {
                 replica: options.replica_id.clone(),
                 incarnation: Incarnation::new(incarnation),
+                registration: {
+                    static NEXT: AtomicU64 = AtomicU64::new(1);
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                },
                 secret,
             },
             registered_at,
@@ -601,7 +610,7 @@ async fn heartbeat_until_end(
                 // The database will bind nothing to this incarnation (sealed, or no longer
                 // alive by its account): a new incarnation is the cure, and waiting for the
                 // heartbeat to find out would leave every write refused meanwhile.
-                if shared.bindings.is_refused(session.incarnation()) {
+                if shared.bindings.is_refused(session.credentials.registration) {
                     return SessionEnd::Lost("the database refused to bind a data session to this incarnation");
                 }
                 continue;

@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) fencing_fallback: Option<String>,
     /// Session fencing: which pooled connections are bound to which incarnation.
     pub(crate) bindings: crate::sessions::Bindings,
+    /// What the data path knows of each pooled connection (signal, tenant it is clean for).
+    pub(crate) data_sessions: crate::data_sessions::DataSessions,
     /// Citus or not, and where new tenant schemas go (see `citus.rs`).
     pub(crate) placement: crate::citus::Placement,
 }
@@ -90,6 +92,7 @@ impl Shared {
             fencing,
             fencing_fallback,
             bindings: crate::sessions::Bindings::default(),
+            data_sessions: crate::data_sessions::DataSessions::default(),
             placement: crate::citus::Placement::default(),
         }
     }

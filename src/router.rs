@@ -401,7 +401,10 @@ impl Router {
             incarnation,
             // Not while the database refuses to bind this incarnation's data sessions, or has
             // refused fresh incarnation after incarnation: every write would be refused.
-            serving: incarnation.is_some_and(|current| !shared.bindings.is_refused(current))
+            serving: shared
+                .liveness
+                .credentials()
+                .is_some_and(|current| !shared.bindings.is_refused(current.registration))
                 && shared
                     .bindings
                     .lasting(&shared.options.replica_id)

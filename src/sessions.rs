@@ -26,7 +26,6 @@ use tokio_postgres::types::Type;
 use crate::control;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::lease::Incarnation;
 use crate::liveness::{millis, Credentials};
 use crate::options::{Fencing, RouterOptions};
 use crate::replica::{lock, Shared};
@@ -110,7 +109,8 @@ async fn blocker(pool: &Pool, probe: bool) -> Result<Option<String>> {
 /// cache dies with it), the incarnation it is bound to, its backend.
 struct Binding {
     connection: Weak<StatementCache>,
-    incarnation: Incarnation,
+    /// The registration it is bound to ([`Credentials::registration`]).
+    registration: u64,
     pid: i32,
 }
 
@@ -127,7 +127,9 @@ pub(crate) struct Bindings {
 /// The database's last refusal to bind, and how many incarnations in a row it refused.
 #[derive(Default)]
 struct Refusal {
-    incarnation: Option<Incarnation>,
+    /// The registration refused ([`Credentials::registration`]: an incarnation number can be
+    /// issued again after a lossy failover, a registration cannot).
+    registration: Option<u64>,
     reason: String,
     in_a_row: u32,
 }
@@ -140,11 +142,11 @@ const LASTING_AFTER: u32 = 3;
 impl Bindings {
     /// Records that the database refused to bind `incarnation`; returns (in a row, first time
     /// for this incarnation).
-    fn refuse(&self, incarnation: Incarnation, reason: &str) -> (u32, bool) {
+    fn refuse(&self, registration: u64, reason: &str) -> (u32, bool) {
         let mut refusal = lock(&self.refusal);
-        let first = refusal.incarnation != Some(incarnation);
+        let first = refusal.registration != Some(registration);
         if first {
-            refusal.incarnation = Some(incarnation);
+            refusal.registration = Some(registration);
             refusal.reason = reason.to_owned();
             refusal.in_a_row += 1;
         }
@@ -159,9 +161,9 @@ impl Bindings {
         }
     }
 
-    /// Whether `incarnation` was refused: it can bind nothing, so there is no point asking.
-    pub(crate) fn is_refused(&self, incarnation: Incarnation) -> bool {
-        lock(&self.refusal).incarnation == Some(incarnation)
+    /// Whether `registration` was refused: it can bind nothing, so there is no point asking.
+    pub(crate) fn is_refused(&self, registration: u64) -> bool {
+        lock(&self.refusal).registration == Some(registration)
     }
 
     /// The refusal's error once registering again did not cure it.
@@ -183,18 +185,18 @@ impl Bindings {
     pub(crate) async fn refusal(&self) {
         self.refused.notified().await;
     }
-    /// The backend pid of `object` if it is bound to `incarnation`.
-    fn get(&self, object: &Object, incarnation: Incarnation) -> Option<i32> {
+    /// The backend pid of `object` if it is bound to `registration`.
+    fn get(&self, object: &Object, registration: u64) -> Option<i32> {
         let bound = lock(&self.bound);
         let binding = bound.get(&Object::id(object))?;
         let alive = binding
             .connection
             .upgrade()
             .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache));
-        (alive && binding.incarnation == incarnation).then_some(binding.pid)
+        (alive && binding.registration == registration).then_some(binding.pid)
     }
 
-    fn insert(&self, object: &Object, incarnation: Incarnation, pid: i32, pool_size: usize) {
+    fn insert(&self, object: &Object, registration: u64, pid: i32, pool_size: usize) {
         let mut bound = lock(&self.bound);
         // Connections come and go with the pool; forget those that went, now and then.
         if bound.len() > 2 * pool_size.max(8) {
@@ -204,7 +206,7 @@ impl Bindings {
             Object::id(object),
             Binding {
                 connection: Arc::downgrade(&object.statement_cache),
-                incarnation,
+                registration,
                 pid,
             },
         );
@@ -225,7 +227,7 @@ pub(crate) async fn bound(
     credentials: &Credentials,
 ) -> Result<i32> {
     let bindings = &shared.bindings;
-    if let Some(pid) = bindings.get(object, credentials.incarnation) {
+    if let Some(pid) = bindings.get(object, credentials.registration) {
         return Ok(pid);
     }
     let down = || {
@@ -234,7 +236,7 @@ pub(crate) async fn bound(
         };
         bindings.lasting(&credentials.replica).unwrap_or(down)
     };
-    if bindings.is_refused(credentials.incarnation) {
+    if bindings.is_refused(credentials.registration) {
         return Err(down());
     }
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
@@ -255,7 +257,7 @@ pub(crate) async fn bound(
     .map_err(|error| match sqlstate::of(&error) {
         Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => {
             let reason = crate::error::DbCause(&error).to_string();
-            let (in_a_row, first) = bindings.refuse(credentials.incarnation, &reason);
+            let (in_a_row, first) = bindings.refuse(credentials.registration, &reason);
             if first {
                 let retryable = in_a_row < LASTING_AFTER;
                 tracing::warn!(incarnation = %credentials.incarnation, %reason, in_a_row, retryable,
@@ -273,7 +275,7 @@ pub(crate) async fn bound(
         _ => Error::db("bind a data session")(error),
     })?;
     bindings.accepted();
-    bindings.insert(object, credentials.incarnation, pid, shared.pool_size());
+    bindings.insert(object, credentials.registration, pid, shared.pool_size());
     Ok(pid)
 }
 

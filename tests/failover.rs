@@ -125,6 +125,9 @@ fn drive(
                     .request(&format!("open {ledger}"))
                     .await
                     .expect("the replica process answers");
+                if std::env::var_os("PGTENANT_HISTORY_DEBUG").is_some() {
+                    eprintln!("failover: {} {ledger}: {reply} / {opened}", child.replica);
+                }
                 if !opened.starts_with("opened") {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }

@@ -796,3 +796,64 @@ async fn v8_applies_under_running_v7_replicas_and_frees_an_id_a_stale_seal_stopp
         .get(0);
     assert_eq!(kept, 1, "the real seal was carried over");
 }
+
+/// The hot path (issue 19): on a connection pgtenant opened, a session-fenced transaction sends
+/// what an unfenced schema-per-tenant one sends, `BEGIN READ WRITE`, the `search_path` pin, the
+/// work and `COMMIT`: no marker cursor is open while the work runs (the transaction's end is
+/// read from the server's parameter reports instead), and the session is reset only when the
+/// connection changes tenant: what a tenant's work left in the session is still there for that
+/// tenant's next transaction, and gone for the next tenant's.
+#[tokio::test]
+async fn a_session_fenced_transaction_sends_the_pin_alone_and_resets_only_between_tenants() {
+    let (db, _client) = database().await;
+    let router = Router::start(session(db.url(), "hot-path").pool_size(1))
+        .await
+        .unwrap();
+    let one = router.open_or_create(&tenant("hot-one")).await.unwrap();
+    let two = router.open_or_create(&tenant("hot-two")).await.unwrap();
+    let text = |handle: &pgtenant::TenantHandle, sql: &'static str| {
+        let handle = handle.clone();
+        async move {
+            handle
+                .run(move |tx| {
+                    Box::pin(async move {
+                        let row = tx.query_one(sql, &[]).await?;
+                        Ok::<_, Error>(row.get::<_, String>(0))
+                    })
+                })
+                .await
+                .unwrap()
+        }
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            text(
+                &one,
+                "SELECT count(*)::text FROM pg_cursors WHERE name = 'pgtenant_fenced'"
+            )
+            .await,
+            "0",
+            "no marker cursor"
+        );
+    }
+    text(
+        &one,
+        "SELECT set_config('application_name', 'left by one', false)",
+    )
+    .await;
+    assert_eq!(
+        text(&one, "SELECT current_setting('application_name')").await,
+        "left by one",
+        "no reset between transactions of one tenant"
+    );
+    assert_ne!(
+        text(&two, "SELECT current_setting('application_name')").await,
+        "left by one",
+        "the reset runs when the connection changes tenant"
+    );
+    assert_eq!(
+        text(&two, "SELECT current_setting('search_path')").await,
+        format!("{}, pg_temp", two.schema())
+    );
+    router.close().await;
+}

@@ -750,6 +750,10 @@ pub(crate) async fn run_history(
                     ));
                 } else {
                     history.refusals += 1;
+                    // PGTENANT_HISTORY_DEBUG=1: what the replicas answer once the faults ended.
+                    if !faulting && std::env::var_os("PGTENANT_HISTORY_DEBUG").is_some() {
+                        eprintln!("history: {} refused a write to {ledger}: {reply}", names[c]);
+                    }
                 }
             }
         }

@@ -1,0 +1,151 @@
+//! What the data path knows of each pooled data connection (DESIGN G6, §5 "Hot path"), so that
+//! a session-fenced transaction sends what an unfenced schema-per-tenant one sends:
+//!
+//! * whether the connection's server reports the transaction signal (`wire.rs`), checked once
+//!   per connection: then the end of the fenced transaction is read from `ParameterStatus`,
+//!   with no marker cursor;
+//! * the tenant it is clean for: the last tenant whose transaction committed on it, with no
+//!   other user of the connection since (deadpool counts every checkout). The session reset
+//!   (`pgtenant.reset_session`) runs, pipelined in the transaction, only when that changes: a
+//!   tenant's own session state reaching the same tenant's next transaction is not a G6 leak,
+//!   reaching the next tenant is.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use deadpool_postgres::{Object, ObjectId, StatementCache};
+use tokio_postgres::types::Type;
+
+use crate::error::{Error, Result};
+use crate::replica::lock;
+use crate::wire::{Parameters, TOKEN_SETTING, TRANSACTION_SIGNAL};
+
+/// One pooled connection as the data path last left it.
+struct Known {
+    /// Identifies the live connection (the statement cache dies with it).
+    connection: Weak<StatementCache>,
+    /// The transaction signal's reader; None: the connection keeps the marker cursor.
+    signal: Option<Parameters>,
+    /// The tenant whose session state alone may be on it.
+    clean_for: Option<Arc<str>>,
+    /// deadpool's checkout count when the data path last took it.
+    checkout: usize,
+}
+
+/// The data path's knowledge of this router's pooled connections, by pool object.
+#[derive(Default)]
+pub(crate) struct DataSessions {
+    known: Mutex<HashMap<ObjectId, Known>>,
+}
+
+/// How a transaction on one connection enters its tenant.
+pub(crate) struct Entered {
+    /// Where the server reports the transaction's end; None: the marker cursor.
+    pub(crate) signal: Option<Parameters>,
+    /// Whether another user's session state may be on the connection: reset it first.
+    pub(crate) reset: bool,
+}
+
+impl DataSessions {
+    /// What a transaction for `tenant` on `object` must do: one check of the connection the
+    /// first time the data path sees it (two round trips), nothing after.
+    pub(crate) async fn enter(&self, object: &Object, tenant: &Arc<str>) -> Result<Entered> {
+        let checkout = Object::metrics(object).recycle_count;
+        let id = Object::id(object);
+        {
+            let mut known = lock(&self.known);
+            if let Some(entry) = known.get_mut(&id).filter(|entry| {
+                entry
+                    .connection
+                    .upgrade()
+                    .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache))
+            }) {
+                // The same checkout (a guard's second transaction) or the next one: nobody
+                // else used the connection in between.
+                let alone = checkout == entry.checkout || checkout == entry.checkout + 1;
+                let reset = !alone || entry.clean_for.as_deref() != Some(&**tenant);
+                entry.checkout = checkout;
+                if reset {
+                    // Until a transaction for this tenant commits after the reset, the
+                    // connection is clean for nobody (a rolled back reset is undone).
+                    entry.clean_for = None;
+                }
+                return Ok(Entered {
+                    signal: entry.signal.clone(),
+                    reset,
+                });
+            }
+        }
+        let signal = probe(object).await?;
+        let mut known = lock(&self.known);
+        if known.len() > 64 && known.len().is_power_of_two() {
+            known.retain(|_, entry| entry.connection.strong_count() > 0);
+        }
+        known.insert(
+            id,
+            Known {
+                connection: Arc::downgrade(&object.statement_cache),
+                signal: signal.clone(),
+                clean_for: None,
+                checkout,
+            },
+        );
+        Ok(Entered {
+            signal,
+            reset: true,
+        })
+    }
+
+    /// A transaction for `tenant` committed on connection `object`: it is clean for that
+    /// tenant.
+    pub(crate) fn committed(&self, object: ObjectId, tenant: &Arc<str>) {
+        if let Some(entry) = lock(&self.known).get_mut(&object) {
+            entry.clean_for = Some(tenant.clone());
+        }
+    }
+}
+
+/// Whether this connection's server reports the transaction signal: the connection must be
+/// one pgtenant opened (its token finds the reader), report `on` now, `off` once a transaction
+/// set it for itself, and `on` again after that transaction. A pooler that forwards only some
+/// parameters, or a server before PostgreSQL 14, fails one of these: the marker cursor then.
+async fn probe(object: &Object) -> Result<Option<Parameters>> {
+    const CONTEXT: &str = "check what a data connection's server reports";
+    let token: Option<String> = object
+        .query_typed_one(
+            "SELECT pg_catalog.current_setting($1, true)",
+            &[(&TOKEN_SETTING, Type::TEXT)],
+        )
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(Error::db(CONTEXT))?;
+    let Some(reader) = token.as_deref().and_then(crate::wire::find) else {
+        return Ok(None);
+    };
+    let reported = |want: &str| reader(TRANSACTION_SIGNAL).as_deref() == Some(want);
+    if !reported("on") {
+        return Ok(None);
+    }
+    let (begun, set) = tokio::join!(
+        object.batch_execute("BEGIN"),
+        object.query_typed(
+            "SELECT pg_catalog.set_config($1, 'off', true)",
+            &[(&TRANSACTION_SIGNAL, Type::TEXT)],
+        ),
+    );
+    begun.map_err(Error::db(CONTEXT))?;
+    let set = set.map(drop).map_err(Error::db(CONTEXT));
+    let during = reported("off");
+    object
+        .batch_execute("ROLLBACK")
+        .await
+        .map_err(Error::db(CONTEXT))?;
+    set?;
+    Ok((during && reported("on")).then_some(reader))
+}
+
+/// Whether the fenced transaction is still the one the data path began, by the signal: `off`
+/// while it runs, `on` once anything ended it (or reset the setting).
+pub(crate) fn still_fenced(signal: &Parameters) -> bool {
+    signal(TRANSACTION_SIGNAL).as_deref() == Some("off")
+}
