@@ -187,3 +187,135 @@ async fn the_dump_is_the_same_for_every_database_and_after_setup_again() {
         describe_difference(&before, &dump(&second).await)
     );
 }
+
+/// The migration that retires the V1 overloads, not in migrations/ while the previous release
+/// (0.1.0-pre) calls them: see its header.
+const RETIRE_SQL: &str = include_str!("../sql/retire_v1_overloads.sql");
+
+/// The functions it retires, and the ones it rewrites (each of these called a V1 body).
+const RETIRED: [&str; 5] = [
+    "pgtenant.acquire(text,text,text,text,bigint,boolean)",
+    "pgtenant.quarantine(text,text,text,text)",
+    "pgtenant.release(text,bigint,text,bigint,text,text,integer)",
+    "pgtenant.forget(text,bigint,text,bigint)",
+    "pgtenant.restore(text,text,bigint,text)",
+];
+
+/// The fingerprints the migration checks, as they are on `client`'s control plane.
+async fn fingerprints(client: &tokio_postgres::Client) -> String {
+    client
+        .query(
+            "SELECT format('[%L, %L]', p.oid::regprocedure, md5(concat_ws('|', p.prosrc, p.prosecdef,
+                                  p.provolatile, p.proconfig::text)))
+               FROM pg_proc p
+              WHERE p.pronamespace = 'pgtenant'::regnamespace
+                AND p.proname IN ('acquire', 'quarantine', 'release', 'forget', 'restore')
+              ORDER BY p.oid::regprocedure::text COLLATE \"C\"",
+            &[],
+        )
+        .await
+        .expect("fingerprints")
+        .iter()
+        .map(|row| row.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join(",\n")
+}
+
+#[tokio::test]
+async fn this_release_runs_without_the_v1_overloads_once_they_are_retired() {
+    let (db, mut client) = support::database().await;
+    let tx = client.transaction().await.expect("begin");
+    if let Err(error) = tx.batch_execute(RETIRE_SQL).await {
+        drop(tx);
+        panic!(
+            "sql/retire_v1_overloads.sql does not apply: {error:?}\nthe functions it checks are now:\n{}",
+            fingerprints(&client).await
+        );
+    }
+    tx.commit().await.expect("commit");
+    for signature in RETIRED {
+        let gone: bool = client
+            .query_one("SELECT to_regprocedure($1) IS NULL", &[&signature])
+            .await
+            .expect("look up")
+            .get(0);
+        assert!(gone, "{signature} is still there");
+    }
+    // Applied twice, it refuses (its functions are not the ones it was written against).
+    let again = client.batch_execute(RETIRE_SQL).await.expect_err("twice");
+    assert!(
+        format!("{again:?}").contains("retire_v1_overloads"),
+        "{again:?}"
+    );
+    // Grants name no retired function.
+    client
+        .batch_execute("SELECT pgtenant.grant_roles(NULL, NULL)")
+        .await
+        .expect("grant_roles");
+
+    // Every protocol that reached a V1 body: acquire (creation, takeover), release, forget,
+    // restore, quarantine from acquire (a vanished schema) and from a failed creation.
+    let router = support::router(db.url(), "retired").await;
+    let id = support::tenant("kept");
+    let handle = router.open_or_create(&id).await.expect("create");
+    support::create_log(&handle).await;
+    support::append(&handle, "r", 1).await.expect("write");
+    handle.release().await.expect("release");
+    let handle = router.open(&id).await.expect("open again");
+    let forgotten_at = handle.epoch();
+    handle
+        .forget(pgtenant::ActiveWork::Drain)
+        .await
+        .expect("forget");
+    let back = router.restore(&id).await.expect("restore");
+    assert!(back.epoch() > forgotten_at);
+    assert_eq!(
+        support::count_rows(&back, "SELECT count(*) FROM log").await,
+        1
+    );
+    let other = support::router(db.url(), "retired-2").await;
+    back.handoff().await.expect("hand off");
+    let taken = other.open(&id).await.expect("take the tenant");
+    support::append(&taken, "r2", 2).await.expect("write there");
+    other.close().await;
+
+    let sick = support::tenant("sick");
+    let handle = router.open_or_create(&sick).await.expect("create");
+    let schema = handle.schema().to_owned();
+    handle.release().await.expect("release");
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema}"))
+        .await
+        .expect("drop the schema");
+    match router.open(&sick).await {
+        Err(pgtenant::Error::Quarantined { cause, .. }) => {
+            assert!(cause.contains("missing"), "{cause}")
+        }
+        other => panic!("expected Quarantined, got {other:?}"),
+    }
+    router.close().await;
+
+    let broken = refinery::Migration::unapplied("V1__broken", "ALTER TABLE nowhere ADD x int")
+        .expect("migration");
+    let router = pgtenant::Router::start(
+        support::options(db.url(), "retired-3").migrations(refinery::Runner::new(&[broken])),
+    )
+    .await
+    .expect("router");
+    match router.open_or_create(&support::tenant("half")).await {
+        Err(pgtenant::Error::Quarantined { cause, .. }) => {
+            assert!(cause.contains("nowhere"), "{cause}")
+        }
+        other => panic!("expected Quarantined, got {other:?}"),
+    }
+    let quarantined: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pgtenant.history WHERE event = 'quarantined'",
+            &[],
+        )
+        .await
+        .expect("history")
+        .get(0);
+    assert_eq!(quarantined, 2);
+    router.close().await;
+}
