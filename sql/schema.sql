@@ -13,6 +13,7 @@
 --   V6__fence_floor
 --   V7__seal_on_takeover
 --   V8__seal_per_incarnation
+--   V9__fence_signalled
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -675,6 +676,36 @@ BEGIN
     RETURN v_schema;
 END $function$;
 
+CREATE OR REPLACE FUNCTION pgtenant.fence_read_signalled(p_key text, p_epoch bigint, p_lock integer, p_idle_ms text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_epoch bigint;
+    v_owner text;
+    v_schema text;
+    v_forgotten bigint;
+    v_lock integer;
+BEGIN
+    SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
+      INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
+      FROM pgtenant.tenants t WHERE t.key OPERATOR(pg_catalog.=) p_key;
+    IF v_lock IS DISTINCT FROM p_lock THEN
+        RAISE EXCEPTION 'pgtenant: lock key % is not tenant %''s', p_lock, p_key;
+    END IF;
+    IF p_epoch OPERATOR(pg_catalog.<) pgtenant.epoch_floor() THEN
+        PERFORM pgtenant.fence_refusal_before_failover(p_key, p_epoch);
+    END IF;
+    IF v_epoch OPERATOR(pg_catalog.<>) p_epoch OR v_owner IS NULL OR v_schema IS NULL
+       OR v_forgotten OPERATOR(pg_catalog.>=) p_epoch THEN
+        PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', v_schema OPERATOR(pg_catalog.||) ', pg_temp', true),
+            pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true),
+            pg_catalog.set_config('default_transaction_read_only', 'off', true);
+    RETURN v_schema;
+END $function$;
+
 CREATE OR REPLACE FUNCTION pgtenant.fence_refusal(p_key text, p_epoch bigint, v_epoch bigint, v_owner text, v_schema text, v_forgotten bigint)
  RETURNS void
  LANGUAGE plpgsql
@@ -699,6 +730,44 @@ BEGIN
         MESSAGE = pg_catalog.format('pgtenant fenced: tenant %s, epoch %s is from before the database''s last failover (epochs now start at %s)',
                                     p_key, p_epoch, pgtenant.epoch_floor()),
         HINT = 'the lease was lost in the failover; open the tenant again';
+END $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.fence_signalled(p_key text, p_epoch bigint, p_lock integer, p_idle_ms text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_epoch bigint;
+    v_owner text;
+    v_schema text;
+    v_forgotten bigint;
+    v_lock integer;
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885828146, p_lock);
+        SELECT t.epoch, t.owner, t.schema_name, t.forgotten_at_epoch, t.lock_key
+          INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
+          FROM pgtenant.tenants t WHERE t.key OPERATOR(pg_catalog.=) p_key;
+    ELSE
+        SELECT r.epoch, r.owner, r.schema_name, r.forgotten_at_epoch, r.lock_key
+          INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
+          FROM pgtenant.lock_tenant_row(p_key) r;
+    END IF;
+    IF v_lock IS DISTINCT FROM p_lock THEN
+        -- The wrong lock would not serialize with this tenant's acquisitions: never pass.
+        RAISE EXCEPTION 'pgtenant: lock key % is not tenant %''s', p_lock, p_key;
+    END IF;
+    IF p_epoch OPERATOR(pg_catalog.<) pgtenant.epoch_floor() THEN
+        PERFORM pgtenant.fence_refusal_before_failover(p_key, p_epoch);
+    END IF;
+    IF v_epoch OPERATOR(pg_catalog.<>) p_epoch OR v_owner IS NULL OR v_schema IS NULL
+       OR v_forgotten OPERATOR(pg_catalog.>=) p_epoch THEN
+        PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', v_schema OPERATOR(pg_catalog.||) ', pg_temp', true),
+            pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true),
+            pg_catalog.set_config('default_transaction_read_only', 'off', true);
+    RETURN v_schema;
 END $function$;
 
 CREATE OR REPLACE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint)

@@ -34,6 +34,10 @@ use crate::BoxFuture;
 const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
 /// The read-only variant: the same checks without the lock.
 const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
+/// Both on a connection that reports the transaction signal (V9): no marker cursor and no
+/// hygiene check (the client decides the reset); the same arguments.
+const FENCE_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_signalled($1, $2, $3, $4)";
+const FENCE_READ_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_read_signalled($1, $2, $3, $4)";
 /// The fences' parameter types, for the unnamed (uncached) form.
 const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
 /// Session fencing's one statement per transaction (the connection is bound): hygiene,
@@ -80,7 +84,12 @@ impl std::fmt::Debug for Tx<'_, '_> {
 /// connection's backend and either the pin alone (a connection that reports the transaction
 /// signal) or the enter statement with its marker cursor.
 enum Entry {
-    Fence(Option<Statement>),
+    Fence {
+        statement: Option<Statement>,
+        /// On a connection that reports the transaction signal: the signal, and whether the
+        /// session is reset first.
+        signalled: Option<(crate::wire::Parameters, bool)>,
+    },
     Session {
         pid: i32,
         enter: Option<Statement>,
@@ -97,7 +106,7 @@ enum Entry {
 impl Entry {
     fn backend(&self) -> Option<i32> {
         match self {
-            Entry::Fence(_) => None,
+            Entry::Fence { .. } => None,
             Entry::Session { pid, .. } | Entry::Pinned { pid, .. } => Some(*pid),
         }
     }
@@ -105,7 +114,11 @@ impl Entry {
     /// The signal that tells whether the work ended the transaction; None for the marker.
     fn signal(&self) -> Option<&crate::wire::Parameters> {
         match self {
-            Entry::Pinned { signal, .. } => Some(signal),
+            Entry::Pinned { signal, .. }
+            | Entry::Fence {
+                signalled: Some((signal, _)),
+                ..
+            } => Some(signal),
             _ => None,
         }
     }
@@ -169,15 +182,54 @@ async fn entry(
         };
         return Ok(Entry::Session { pid, enter });
     }
+    let entered = router.data_sessions.enter(client, &handle.key).await?;
+    let signalled = entered.signal.map(|signal| (signal, entered.reset));
     if !cached {
-        return Ok(Entry::Fence(None));
+        return Ok(Entry::Fence {
+            statement: None,
+            signalled,
+        });
     }
-    let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
+    let sql = fence_sql(read_only, signalled.is_some());
     client
         .prepare_cached(sql)
         .await
-        .map(|statement| Entry::Fence(Some(statement)))
+        .map(|statement| Entry::Fence {
+            statement: Some(statement),
+            signalled,
+        })
         .map_err(Error::db("prepare the fence"))
+}
+
+/// The fence's statement: read-only or not, with the signal or the marker cursor.
+fn fence_sql(read_only: bool, signalled: bool) -> &'static str {
+    match (read_only, signalled) {
+        (false, false) => FENCE_SQL,
+        (true, false) => FENCE_READ_SQL,
+        (false, true) => FENCE_SIGNALLED_SQL,
+        (true, true) => FENCE_READ_SIGNALLED_SQL,
+    }
+}
+
+/// Runs `statement` after the session reset when `reset` (the connection changes tenant): the
+/// reset goes on the wire first, both in the same flight.
+async fn after_reset<F>(
+    handle: &HandleInner,
+    tx: &Transaction<'_>,
+    reset: bool,
+    statement: F,
+) -> std::result::Result<(), tokio_postgres::Error>
+where
+    F: std::future::Future<Output = std::result::Result<(), tokio_postgres::Error>>,
+{
+    if !reset {
+        return statement.await;
+    }
+    let key: &str = &handle.key;
+    let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
+    // join! polls in order, and each request goes on the wire at its first poll.
+    let (reset, done) = tokio::join!(tx.query_typed(RESET_SQL, &params), statement);
+    reset.map(drop).and(done)
 }
 
 /// Sends the fence (or the entry statement) on `tx` and reads its reply.
@@ -197,14 +249,7 @@ async fn fence(
                     .map(drop),
             }
         };
-        if !*reset {
-            return pinned.await;
-        }
-        let key: &str = &handle.key;
-        let reset_params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
-        // In order on the wire: the reset, then the pin (join! polls in order).
-        let (reset, pinned) = tokio::join!(tx.query_typed(RESET_SQL, &reset_params), pinned);
-        return reset.map(drop).and(pinned);
+        return after_reset(handle, tx, *reset, pinned).await;
     }
     let key = handle.id.key();
     if let Entry::Session { enter, .. } = entry {
@@ -225,15 +270,26 @@ async fn fence(
         &handle.lock_key,
         &handle.router.idle_timeout_ms,
     ];
-    match entry {
-        Entry::Fence(Some(statement)) => tx.query(statement, &params).await.map(drop),
-        _ => {
-            let sql = if read_only { FENCE_READ_SQL } else { FENCE_SQL };
-            let typed: Vec<(&(dyn ToSql + Sync), Type)> =
-                params.iter().copied().zip(FENCE_TYPES).collect();
-            tx.query_typed(sql, &typed).await.map(drop)
+    let (statement, signalled) = match entry {
+        Entry::Fence {
+            statement,
+            signalled,
+        } => (statement.as_ref(), signalled.as_ref()),
+        _ => (None, None),
+    };
+    let fenced = async {
+        match statement {
+            Some(statement) => tx.query(statement, &params).await.map(drop),
+            None => {
+                let sql = fence_sql(read_only, signalled.is_some());
+                let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                    params.iter().copied().zip(FENCE_TYPES).collect();
+                tx.query_typed(sql, &typed).await.map(drop)
+            }
         }
-    }
+    };
+    let reset = signalled.is_some_and(|(_, reset)| *reset);
+    after_reset(handle, tx, reset, fenced).await
 }
 
 /// Begins the transaction (`READ WRITE` or `READ ONLY` explicitly: data sessions default to

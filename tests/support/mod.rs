@@ -21,7 +21,7 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 8] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 9] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -53,6 +53,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 8] = [
     (
         "V8__seal_per_incarnation",
         include_str!("../../migrations/V8__seal_per_incarnation.sql"),
+    ),
+    (
+        "V9__fence_signalled",
+        include_str!("../../migrations/V9__fence_signalled.sql"),
     ),
 ];
 
