@@ -274,6 +274,14 @@ async fn main() {
     } else {
         FULL
     };
+    // `--rounds=N`: that many throughput rounds per mode, variant and concurrency.
+    if let Some(rounds) = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--rounds="))
+        .and_then(|n| n.parse().ok())
+    {
+        cfg.rounds = rounds;
+    }
     // `--hygiene-only`: part 2 alone, at 8 clients (the target's), with twice the rounds.
     let hygiene_only = args.iter().any(|a| a == "--hygiene-only");
     if hygiene_only {
@@ -340,11 +348,24 @@ async fn main() {
         }
         return;
     }
-    for clients in CONCURRENCY {
+    // `--clients=1,8`: only these concurrencies; `--throughput-only`: part 1 alone.
+    let concurrency: Vec<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--clients="))
+        .map(|list| list.split(',').filter_map(|c| c.parse().ok()).collect())
+        .unwrap_or_else(|| CONCURRENCY.to_vec());
+    let throughput_only = args.iter().any(|a| a == "--throughput-only");
+    for clients in concurrency {
         let (rows, row) = bench_clients(&cfg, &url, &admin, clients, postmaster, true).await;
         throughput.extend(rows);
         hygiene.push(row);
         loads.push(("after throughput", load_average()));
+    }
+    if throughput_only {
+        for line in summary_lines(&throughput, &hygiene, &[]) {
+            println!("{line}");
+        }
+        return;
     }
     eprintln!("[bench] part 3: takeover");
     let takeover = bench_takeover(&cfg, &url, &admin).await;

@@ -14,7 +14,14 @@
 #   enter_sql: the same as one inlinable SQL expression (no plpgsql call);
 #   enter: `SELECT pgtenant.enter(key, schema)`, the INSERT, `CLOSE pgtenant_fenced`, COMMIT (the
 #     library sends the CLOSE in the COMMIT's message; pgbench's prepared mode cannot, so here it
-#     is one more round trip, which a server-bound run does not feel).
+#     is one more round trip, which a server-bound run does not feel): the hot path before V9;
+#   pin_signal: the session-fencing hot path since V9 on a connection that reports the
+#     transaction signal: the pin plus `default_transaction_read_only` off for the transaction,
+#     the INSERT, COMMIT;
+#   fence_signalled: transaction fencing since V9 (`pgtenant.fence_signalled`), the INSERT, COMMIT;
+#   tpcb_pinned, tpcb_session, tpcb_enter, tpcb_fence, tpcb_fence_signalled: pgbench's TPC-B
+#     transaction (five statements, in the tenant schema) after the pin, pin_signal, enter (with
+#     the CLOSE), fence (with the CLOSE) and fence_signalled; compare them with tpcb_pinned.
 #
 # Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth), pgbench and a built
 # `target/debug/pgtenant` (cargo build -p pgtenant-cli). Creates and drops the database
@@ -37,6 +44,16 @@ INSERT INTO pgtenant.tenants (key, organization, ledger, schema_name, epoch, own
      VALUES ('o/l', 'o', 'l', 't_o_l_1', 1, 'bench', 1);
 CREATE SCHEMA t_o_l_1;
 CREATE TABLE t_o_l_1.log (client_id integer, n bigint);
+-- TPC-B's tables in the tenant schema: 32 branches (so that 8 clients rarely wait for one
+-- another's branch row, which at pgbench's scale 1 decides the figures more than the fence
+-- does), 320 tellers, 10 000 accounts.
+CREATE TABLE t_o_l_1.pgbench_branches (bid integer PRIMARY KEY, bbalance integer NOT NULL, filler char(88));
+CREATE TABLE t_o_l_1.pgbench_tellers (tid integer PRIMARY KEY, bid integer, tbalance integer NOT NULL, filler char(84));
+CREATE TABLE t_o_l_1.pgbench_accounts (aid integer PRIMARY KEY, bid integer, abalance integer NOT NULL, filler char(84));
+CREATE TABLE t_o_l_1.pgbench_history (tid integer, bid integer, aid integer, delta integer, mtime timestamp, filler char(22));
+INSERT INTO t_o_l_1.pgbench_branches SELECT b, 0, NULL FROM generate_series(1, 32) b;
+INSERT INTO t_o_l_1.pgbench_tellers SELECT t, (t - 1) / 10 + 1, 0, NULL FROM generate_series(1, 320) t;
+INSERT INTO t_o_l_1.pgbench_accounts SELECT a, 1, 0, NULL FROM generate_series(1, 10000) a;
 -- Pieces of the fence, each alone in a plpgsql function of the same signature.
 CREATE FUNCTION public.empty(text, bigint, integer, text) RETURNS text
     LANGUAGE plpgsql AS $$ BEGIN RETURN 'x'; END $$;
@@ -85,6 +102,22 @@ for f in pin_plpgsql enter_no_cursor enter_sql; do
     printf "BEGIN;\nSELECT public.%s('o/l', 't_o_l_1');\n%s\nCOMMIT;\n" "$f" "$insert" >"$dir/$f.sql"
 done
 printf "BEGIN;\nSELECT pgtenant.enter('o/l', 't_o_l_1');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$insert" >"$dir/enter.sql"
+printf "BEGIN;\nSELECT set_config('search_path', 't_o_l_1, pg_temp', true), set_config('default_transaction_read_only', 'off', true);\n%s\nCOMMIT;\n" "$insert" >"$dir/pin_signal.sql"
+printf "BEGIN;\nSELECT pgtenant.fence_signalled('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence_signalled.sql"
+tpcb='\set aid random(1, 10000)
+\set bid random(1, 32)
+\set tid random(1, 320)
+\set delta random(-5000, 5000)'
+tpcb_body='UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);'
+printf "%s\nBEGIN;\nSELECT set_config('search_path', 't_o_l_1', true);\n%s\nCOMMIT;\n" "$tpcb" "$tpcb_body" >"$dir/tpcb_pinned.sql"
+printf "%s\nBEGIN;\nSELECT set_config('search_path', 't_o_l_1, pg_temp', true), set_config('default_transaction_read_only', 'off', true);\n%s\nCOMMIT;\n" "$tpcb" "$tpcb_body" >"$dir/tpcb_session.sql"
+printf "%s\nBEGIN;\nSELECT pgtenant.enter('o/l', 't_o_l_1');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$tpcb" "$tpcb_body" >"$dir/tpcb_enter.sql"
+printf "%s\nBEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" >"$dir/tpcb_fence.sql"
+printf "%s\nBEGIN;\nSELECT pgtenant.fence_signalled('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" >"$dir/tpcb_fence_signalled.sql"
 read -r -a variants <<<"${VARIANTS:-plain select_1 empty lock_only read_only search_path fence pin_plpgsql enter_no_cursor enter}"
 
 client_cpu=()
@@ -96,7 +129,14 @@ fi
 
 declare -A tps
 for rep in $(seq 1 "$repetitions"); do
-    for v in "${variants[@]}"; do
+    # The order rotates every repetition: the TPC-B variants update the same rows, and a
+    # variant that always ran last would always meet the most dead tuples.
+    shift_by=$(( (rep - 1) % ${#variants[@]} ))
+    order=("${variants[@]:shift_by}" "${variants[@]:0:shift_by}")
+    for v in "${order[@]}"; do
+        if [[ $v == tpcb_* ]]; then
+            "${psql_[@]}" -d "$db" -c "VACUUM t_o_l_1.pgbench_branches, t_o_l_1.pgbench_tellers, t_o_l_1.pgbench_accounts"
+        fi
         t=$("${client_cpu[@]}" pgbench -n -h 127.0.0.1 -U postgres -M prepared -c "$clients" -j 1 \
             -T "$seconds" -f "$dir/$v.sql" "$db" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
         tps[$v]="${tps[$v]:-} $t"
