@@ -30,6 +30,8 @@ struct Known {
     clean_for: Option<Arc<str>>,
     /// deadpool's checkout count when the data path last took it.
     checkout: usize,
+    /// The distinct tenants it served (hashed keys), for the memory bound.
+    served: std::collections::HashSet<u64>,
 }
 
 /// The data path's knowledge of this router's pooled connections, by pool object.
@@ -88,6 +90,7 @@ impl DataSessions {
                 signal: signal.clone(),
                 clean_for: None,
                 checkout,
+                served: std::collections::HashSet::new(),
             },
         );
         Ok(Entered {
@@ -97,11 +100,26 @@ impl DataSessions {
     }
 
     /// A transaction for `tenant` committed on connection `object`: it is clean for that
-    /// tenant.
-    pub(crate) fn committed(&self, object: ObjectId, tenant: &Arc<str>) {
-        if let Some(entry) = lock(&self.known).get_mut(&object) {
-            entry.clean_for = Some(tenant.clone());
+    /// tenant. True when the connection has now served more than `max_tenants` distinct
+    /// tenants and should be closed rather than pooled
+    /// ([`RouterOptions::max_tenants_per_connection`](crate::RouterOptions::max_tenants_per_connection)).
+    pub(crate) fn committed(
+        &self,
+        object: ObjectId,
+        tenant: &Arc<str>,
+        max_tenants: usize,
+    ) -> bool {
+        let mut known = lock(&self.known);
+        let Some(entry) = known.get_mut(&object) else {
+            return false;
+        };
+        entry.clean_for = Some(tenant.clone());
+        entry.served.insert(hash(tenant));
+        if entry.served.len() <= max_tenants {
+            return false;
         }
+        known.remove(&object);
+        true
     }
 }
 
@@ -148,4 +166,9 @@ async fn probe(object: &Object) -> Result<Option<Parameters>> {
 /// while it runs, `on` once anything ended it (or reset the setting).
 pub(crate) fn still_fenced(signal: &Parameters) -> bool {
     signal(TRANSACTION_SIGNAL).as_deref() == Some("off")
+}
+
+fn hash(tenant: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(tenant)
 }

@@ -385,11 +385,13 @@ where
         .get()
         .await
         .map_err(pool_error("get a connection for tenant work"))?;
-    let stuck = AtomicBool::new(false);
-    let outcome = run_on(handle, &mut object, &stuck, read_only, work).await;
+    let (stuck, retire) = (AtomicBool::new(false), AtomicBool::new(false));
+    let outcome = run_on(handle, &mut object, &stuck, &retire, read_only, work).await;
     if stuck.load(Ordering::Acquire) {
         discard(handle, object);
-    } else if outcome.is_err() && maybe_terminated(handle) {
+    } else if (outcome.is_err() && maybe_terminated(handle)) || retire.load(Ordering::Acquire) {
+        // Retired: it served max_tenants_per_connection tenants; its backend's catalog caches
+        // go with it.
         drop(deadpool_postgres::Object::take(object));
     }
     outcome
@@ -399,6 +401,7 @@ async fn run_on<'a, T, E, F>(
     handle: &Arc<HandleInner>,
     object: &mut deadpool_postgres::Object,
     stuck: &AtomicBool,
+    retire: &AtomicBool,
     read_only: bool,
     work: F,
 ) -> Result<T, E>
@@ -425,10 +428,14 @@ where
     }
     let value = outcome?;
     commit(handle, tx, &entry, stuck).await?;
-    handle
-        .router
-        .data_sessions
-        .committed(deadpool_postgres::Object::id(object), &handle.key);
+    let router = &handle.router;
+    if router.data_sessions.committed(
+        deadpool_postgres::Object::id(object),
+        &handle.key,
+        router.options.max_tenants_per_connection,
+    ) {
+        retire.store(true, Ordering::Release);
+    }
     Ok(value)
 }
 
@@ -440,6 +447,8 @@ pub struct TenantConnection {
     /// None once closed for having stopped answering.
     object: Option<deadpool_postgres::Object>,
     stuck: AtomicBool,
+    /// Set when the connection served max_tenants_per_connection tenants: closed on drop.
+    retired: AtomicBool,
 }
 
 impl std::fmt::Debug for TenantConnection {
@@ -464,6 +473,7 @@ impl TenantConnection {
             handle: handle.clone(),
             object: Some(object),
             stuck: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
         })
     }
 
@@ -516,6 +526,7 @@ impl TenantConnection {
             tx,
             handle,
             stuck: &self.stuck,
+            retired: &self.retired,
             object: object_id,
             entry,
             _in_flight: in_flight,
@@ -530,7 +541,7 @@ impl Drop for TenantConnection {
             if let Some(object) = self.object.take() {
                 discard(&self.handle, object);
             }
-        } else if maybe_terminated(&self.handle) {
+        } else if maybe_terminated(&self.handle) || self.retired.load(Ordering::Acquire) {
             if let Some(object) = self.object.take() {
                 drop(deadpool_postgres::Object::take(object));
             }
@@ -551,6 +562,7 @@ pub struct TenantTransaction<'c> {
     tx: Transaction<'c>,
     handle: &'c Arc<HandleInner>,
     stuck: &'c AtomicBool,
+    retired: &'c AtomicBool,
     object: deadpool_postgres::ObjectId,
     entry: Entry,
     _in_flight: InFlight,
@@ -585,12 +597,21 @@ impl TenantTransaction<'_> {
             tx,
             handle,
             stuck,
+            retired,
             object,
             entry,
             ..
         } = self;
         commit(handle, tx, &entry, stuck).await?;
-        handle.router.data_sessions.committed(object, &handle.key);
+        let router = &handle.router;
+        if router.data_sessions.committed(
+            object,
+            &handle.key,
+            router.options.max_tenants_per_connection,
+        ) {
+            // A guard's connection serves one tenant: it is closed when the guard drops.
+            retired.store(true, Ordering::Release);
+        }
         Ok(())
     }
 

@@ -83,6 +83,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::Event;
 pub use fence::{TenantConnection, TenantTransaction, Tx};
 pub use handle::{ActiveWork, TenantHandle};
+pub use options::DEFAULT_MAX_TENANTS_PER_CONNECTION;
 
 /// A boxed, sendable future: what work passed to [`TenantHandle::run`] returns
 /// (`|tx| Box::pin(async move { … })`).

@@ -40,6 +40,7 @@ pub struct RouterOptions {
     pub(crate) handoff_policy: HandoffPolicy,
     pub(crate) migrations: std::sync::Arc<Vec<refinery::Migration>>,
     pub(crate) statement_cache: bool,
+    pub(crate) max_tenants_per_connection: usize,
     pub(crate) read_only_data_sessions: bool,
     pub(crate) fencing: Fencing,
     pub(crate) stuck_timeout: Duration,
@@ -88,6 +89,10 @@ impl std::fmt::Debug for RouterOptions {
         f.debug_struct("RouterOptions")
             .field("replica_id", &self.replica_id)
             .field("pool_size", &self.pool_size)
+            .field(
+                "max_tenants_per_connection",
+                &self.max_tenants_per_connection,
+            )
             .field("ttl", &self.ttl)
             .field("margin", &self.effective_margin())
             .field("heartbeat_period", &self.effective_heartbeat_period())
@@ -148,6 +153,7 @@ impl RouterOptions {
             handoff_policy: HandoffPolicy::Accept,
             migrations: std::sync::Arc::new(Vec::new()),
             statement_cache: true,
+            max_tenants_per_connection: DEFAULT_MAX_TENANTS_PER_CONNECTION,
             read_only_data_sessions: true,
             fencing: Fencing::Auto,
             stuck_timeout: Duration::from_secs(30),
@@ -352,6 +358,20 @@ impl RouterOptions {
         self
     }
 
+    /// How many distinct tenants one pooled data connection serves before it is closed (and
+    /// the pool opens a fresh one): default
+    /// [`DEFAULT_MAX_TENANTS_PER_CONNECTION`](crate::DEFAULT_MAX_TENANTS_PER_CONNECTION).
+    /// PostgreSQL never gives back the catalog caches a backend filled: measured here about
+    /// 40 KB per tenant schema it touched (three tables, an index, two sequences), so a
+    /// connection that served 10 000 tenants holds about 400 MB. The bound keeps each data
+    /// backend's memory flat whatever the number of tenants; connections that keep serving the
+    /// same tenants are never recycled. 1 to 1 000 000.
+    #[must_use]
+    pub fn max_tenants_per_connection(mut self, tenants: usize) -> Self {
+        self.max_tenants_per_connection = tenants;
+        self
+    }
+
     /// Whether data-path sessions must be read-only by default (default true, DESIGN G6): only
     /// the fenced transaction is `READ WRITE`, so work that ends it itself (`COMMIT`,
     /// `ROLLBACK`) cannot write unfenced afterwards. pgtenant's own pool sets
@@ -492,6 +512,11 @@ impl RouterOptions {
         if self.pool.is_none() {
             count_in_range("pool_size", self.pool_size, 1..=1000)?;
         }
+        count_in_range(
+            "max_tenants_per_connection",
+            self.max_tenants_per_connection,
+            1..=1_000_000,
+        )?;
         let (first, max) = self.reconnect_backoff;
         in_range("reconnect_backoff", first, MS..=HOUR, " (first delay)")?;
         in_range(
@@ -732,3 +757,8 @@ fn url_value<'a>(url: &'a str, name: &str) -> Option<&'a str> {
         .filter_map(|host| host.rsplit_once(':').map(|(_, port)| port))
         .find(|port| !port.is_empty() && port.parse::<u16>().is_err())
 }
+
+/// The default of [`RouterOptions::max_tenants_per_connection`]: 500 tenants, about 20 MB of
+/// catalog caches per data backend at 40 KB per tenant (a pool of 16 such connections: about
+/// 320 MB at most, however many tenants the replica serves).
+pub const DEFAULT_MAX_TENANTS_PER_CONNECTION: usize = 500;
