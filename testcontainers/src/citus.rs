@@ -1,6 +1,6 @@
 //! A Citus cluster on this machine: a coordinator and N workers, each a throwaway initdb
 //! cluster of [`Cluster`] started with `shared_preload_libraries = 'citus'` (the logic of
-//! `../shared/scripts/citus-cluster.sh`, on free ports and cleaned up like every cluster here).
+//! a hand-made local Citus cluster, on free ports and cleaned up like every cluster here).
 //!
 //! Citus metadata lives per database, so each test database is made on every node under the
 //! same name, gets `CREATE EXTENSION citus` on each, and on the coordinator
@@ -23,7 +23,7 @@ pub const REQUIRE_CITUS_ENV: &str = "PGTENANT_REQUIRE_CITUS";
 
 /// How to get Citus on this machine, for skip lines and errors.
 pub const INSTALL_CITUS_HINT: &str =
-    "install it with `bash ../shared/scripts/install-citus.sh` (builds Citus 13.2.2 from the vendored source, once)";
+    "install Citus for this machine's PostgreSQL (Citus' own packages, e.g. `postgresql-15-citus-13.2` from its apt repository, or a build from its source: https://docs.citusdata.com/en/stable/installation/)";
 
 /// Workers of the shared cluster behind [`Source::Citus`].
 pub const DEFAULT_WORKERS: usize = 2;

@@ -547,7 +547,7 @@ fn start_error(image: &str, engine: &Engine, error: &str) -> String {
         message.push_str(&format!(
             ". The engine does not have {image} and could not pull it: run `docker pull {image}`, \
              or set {IMAGE_ENV} to an image it has (`docker images`). Without a registry, build \
-             one: pgtenant's ../shared/scripts/docker-postgres.sh makes local/postgres:15"
+             one from Debian's PostgreSQL packages (`docker build`) and name it in {IMAGE_ENV}"
         ));
     } else if error.contains("network") && error.contains("bridge") {
         message.push_str(&format!(
@@ -627,7 +627,7 @@ pub fn skip_without_docker(test: &str) -> bool {
     // be seen.
     let _ = writeln!(
         std::io::stderr().lock(),
-        "skipped {test}: needs Docker — run ../shared/scripts/docker-postgres.sh or install docker.io ({why})"
+        "skipped {test}: needs a Docker engine — install one (e.g. `apt-get install docker.io`, then start dockerd) ({why})"
     );
     true
 }
