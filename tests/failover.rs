@@ -1007,17 +1007,9 @@ async fn the_fleet_serves_again_after_a_synchronous_failover_under_faults() {
         failover: Some(&pair),
         ..support::Faults::default()
     };
-    let history = support::run_history(
-        CHILD,
-        &url,
-        &names,
-        &ledgers,
-        0x9e37_79b9_7f4a_7c15,
-        &faults,
-    )
-    .await;
-    history.assert_live(&names, &ledgers);
-    let total = support::check_all(&history, &url, "fo-checker", &names, &ledgers).await;
+    let seed = 0x9e37_79b9_7f4a_7c15;
+    let (history, total) =
+        support::history_test(CHILD, &url, &names, &ledgers, seed, &faults, "fo-checker").await;
     assert!(
         total > 0 && history.failovers == 1,
         "the run exercised writes and the failover"
@@ -1038,15 +1030,6 @@ async fn fault_run_across_a_synchronous_failover() {
         failover: Some(&pair),
         ..support::Faults::default()
     };
-    let history = support::run_history(
-        CHILD,
-        &url,
-        &names,
-        &ledgers,
-        0x853c_49e6_748f_ea9b,
-        &faults,
-    )
-    .await;
-    history.assert_live(&names, &ledgers);
-    support::check_all(&history, &url, "run-checker", &names, &ledgers).await;
+    let seed = 0x853c_49e6_748f_ea9b;
+    support::history_test(CHILD, &url, &names, &ledgers, seed, &faults, "run-checker").await;
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pgtenant::Error;
 use pgtenant_testkit::LocalCluster;
 use support::{
-    append, check_all, count_rows, create_log, database, router, run_history, take_over, tenant,
+    append, count_rows, create_log, database, history_test, own_server, router, take_over, tenant,
     Faults, ReplicaProcess,
 };
 
@@ -210,17 +210,17 @@ async fn history_checker_under_random_kills_pauses_and_terminations() {
         terminate: true,
         ..Faults::default()
     };
-    let history = run_history(
+    let seed = 0x9e37_79b9_7f4a_7c15;
+    let (history, total) = history_test(
         CHILD,
         db.url(),
         &names,
         &ledgers,
-        0x9e37_79b9_7f4a_7c15,
+        seed,
         &faults,
+        "hist-checker",
     )
     .await;
-    history.assert_live(&names, &ledgers);
-    let total = check_all(&history, db.url(), "hist-checker", &names, &ledgers).await;
     assert!(
         total > 0 && history.kills + history.pauses + history.terminations > 0,
         "the run exercised writes and faults"
@@ -236,11 +236,7 @@ async fn history_checker_across_crash_restarts() {
         println!("skipped on Citus: the crash restarts need a server of the test's own");
         return;
     }
-    let cluster = LocalCluster::start().await.expect("throwaway cluster");
-    let db = cluster.create_database().await.expect("database");
-    let mut client = db.connect().await.unwrap();
-    pgtenant::setup(&mut client).await.unwrap();
-    drop(client);
+    let (cluster, db) = own_server().await;
     let ledgers = ["crash-a", "crash-b"];
     let names = ["crash-0", "crash-1", "crash-2"];
     let faults = Faults {
@@ -248,17 +244,17 @@ async fn history_checker_across_crash_restarts() {
         restarts: Some(&cluster),
         ..Faults::default()
     };
-    let history = run_history(
+    let seed = 0x2545_f491_4f6c_dd1d;
+    let (history, total) = history_test(
         CHILD,
         db.url(),
         &names,
         &ledgers,
-        0x2545_f491_4f6c_dd1d,
+        seed,
         &faults,
+        "crash-checker",
     )
     .await;
-    history.assert_live(&names, &ledgers);
-    let total = check_all(&history, db.url(), "crash-checker", &names, &ledgers).await;
     assert!(
         total > 0 && history.restarts == 2,
         "the run exercised writes and restarts"
@@ -273,11 +269,7 @@ async fn history_checker_across_crash_restarts() {
 #[tokio::test]
 #[ignore = "a long fault run: set PGTENANT_HISTORY_SECS"]
 async fn fault_run() {
-    let cluster = LocalCluster::start().await.expect("throwaway cluster");
-    let db = cluster.create_database().await.expect("database");
-    let mut client = db.connect().await.unwrap();
-    pgtenant::setup(&mut client).await.unwrap();
-    drop(client);
+    let (cluster, db) = own_server().await;
     let ledgers = ["run-a", "run-b", "run-c", "run-d", "run-e", "run-f"];
     let names = ["run-0", "run-1", "run-2", "run-3"];
     let faults = Faults {
@@ -285,15 +277,15 @@ async fn fault_run() {
         restarts: Some(&cluster),
         ..Faults::default()
     };
-    let history = run_history(
+    let seed = 0x853c_49e6_748f_ea9b;
+    history_test(
         CHILD,
         db.url(),
         &names,
         &ledgers,
-        0x853c_49e6_748f_ea9b,
+        seed,
         &faults,
+        "run-checker",
     )
     .await;
-    history.assert_live(&names, &ledgers);
-    check_all(&history, db.url(), "run-checker", &names, &ledgers).await;
 }

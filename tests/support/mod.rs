@@ -877,6 +877,36 @@ pub(crate) async fn check_all(
     total
 }
 
+/// A whole history test: [`run_history`] with `faults`, then both halves of the verdict,
+/// liveness ([`History::assert_live`]) and safety ([`check_all`], through a checker replica
+/// named `checker`). Returns the history and how many writes were acknowledged.
+pub(crate) async fn history_test(
+    child: &str,
+    url: &str,
+    names: &[&str],
+    ledgers: &[&str],
+    seed: u64,
+    faults: &Faults<'_>,
+    checker: &str,
+) -> (History, usize) {
+    let history = run_history(child, url, names, ledgers, seed, faults).await;
+    history.assert_live(names, ledgers);
+    let total = check_all(&history, url, checker, names, ledgers).await;
+    (history, total)
+}
+
+/// A throwaway server of the test's own (one it may crash) with a database and the control
+/// plane on it.
+pub(crate) async fn own_server() -> (pgtenant_testkit::LocalCluster, TestDatabase) {
+    let cluster = pgtenant_testkit::LocalCluster::start()
+        .await
+        .expect("throwaway cluster");
+    let db = cluster.create_database().await.expect("database");
+    let mut client = db.connect().await.expect("connect");
+    pgtenant::setup(&mut client).await.expect("setup");
+    (cluster, db)
+}
+
 /// The history's verdict on one ledger, read through `handle` (the checker's, which took it
 /// over): no row committed under an epoch lower than one already committed for the tenant
 /// (G1, G3) and every acknowledged row present (G4). Returns how many rows were acknowledged.
