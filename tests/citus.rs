@@ -474,6 +474,10 @@ async fn history_checker_under_kills_and_pauses_on_citus() {
     )
     .await;
     history.assert_live(&names, &ledgers);
+    // The run terminated every data connection of the database now and then, this test's own
+    // session among them.
+    drop(client);
+    let client = db.connect().await.expect("connect again");
     let checker = router(db.url(), "cit-checker").await;
     for ledger in ledgers {
         let handle = take_over(&checker, &tenant(ledger), Duration::from_secs(30)).await;
