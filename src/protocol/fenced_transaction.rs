@@ -23,9 +23,9 @@ use tokio_postgres::{Statement, Transaction};
 
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::handle::{CancelOnForget, HandleInner, InFlight};
 use crate::lease::HandleState;
 use crate::sqlstate;
+use crate::state::shared::{CancelOnForget, HandleInner, InFlight};
 use crate::BoxFuture;
 
 /// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
@@ -128,7 +128,7 @@ impl Entry {
 /// driver's transaction roll back whatever the work began after that.
 fn ensure_still_fenced(handle: &HandleInner, entry: &Entry) -> Result<()> {
     match entry.signal() {
-        Some(signal) if !crate::data_sessions::still_fenced(signal) => {
+        Some(signal) if !crate::state::data_sessions::still_fenced(signal) => {
             Err(Error::TransactionEnded {
                 tenant: handle.id.clone(),
                 epoch: handle.epoch,
@@ -150,7 +150,8 @@ async fn entry(
     let router = &handle.router;
     let cached = router.options.statement_cache;
     if router.session_fencing() {
-        let pid = crate::sessions::bound(router, client, &handle.credentials).await?;
+        let pid =
+            crate::protocol::session_fencing::bound(router, client, &handle.credentials).await?;
         let entered = router.data_sessions.enter(client, &handle.key).await?;
         if let Some(signal) = entered.signal {
             let pin = if cached {
