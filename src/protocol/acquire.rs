@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::Epoch;
+use crate::protocol::session_fencing::Seal;
 use crate::protocol::tenant_migrations::{after_failed_migration, give_back, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
@@ -121,19 +122,10 @@ pub(crate) async fn acquire(
     // Before the epoch moves away from a dead or expired owner, its incarnation is sealed and
     // its data sessions terminated, in the same transaction (session fencing; a no-op for a
     // free tenant or a live owner).
-    let terminate_ms = i64::from(crate::state::credentials::millis(
-        crate::protocol::session_fencing::TERMINATE_TIMEOUT,
-    ));
-    let seal: [(&(dyn ToSql + Sync), Type); 5] = [
-        (&texts.0, Type::TEXT),
-        (&credentials.replica, Type::TEXT),
-        (&incarnation, Type::INT8),
-        (&texts.3, Type::TEXT),
-        (&terminate_ms, Type::INT8),
-    ];
+    let seal = Seal::new(texts.0, &credentials);
     let opened = control::call_after(
         &client,
-        (crate::protocol::session_fencing::SEAL_SQL, &seal),
+        (Seal::SQL, &seal.params()),
         ACQUIRE_SQL,
         &acquire_params(&texts, &credentials, &incarnation, &false),
     )
@@ -254,10 +246,7 @@ async fn create_once(
     salt: u32,
 ) -> Result<Arc<HandleInner>> {
     let context = || format!("create tenant {id}");
-    let tx = client
-        .build_transaction()
-        .read_only(false)
-        .start()
+    let tx = control::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
     let texts = (

@@ -14,7 +14,7 @@ use crate::protocol::handoff::hand_over;
 use crate::state::shared::{HandleInner, Shared};
 use crate::state::sync::{join_all, lock};
 
-/// What [`Router::close`] did. Serializes (for a shutdown log line) with each failure as
+/// What [`Router::close`](crate::Router::close) did. Serializes (for a shutdown log line) with each failure as
 /// `{"tenant", "kind", "message"}`.
 #[derive(Debug, Default, serde::Serialize)]
 #[non_exhaustive]

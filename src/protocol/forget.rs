@@ -16,6 +16,7 @@ use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
 use crate::protocol::acquire::install_handle;
+use crate::protocol::session_fencing::Seal;
 use crate::protocol::tenant_migrations::migrate_held;
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
@@ -161,19 +162,10 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<H
         // The new life's name is derived for the epoch restore will bump to, which the
         // function checks; a taken name (a deliberate hash collision) moves to the next salt.
         let name = id.schema_name_salted(next, salt);
-        let terminate_ms = i64::from(crate::state::credentials::millis(
-            crate::protocol::session_fencing::TERMINATE_TIMEOUT,
-        ));
-        let seal: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
-            (&key, Type::TEXT),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&terminate_ms, Type::INT8),
-        ];
+        let seal = Seal::new(key, &credentials);
         let restored = control::call_after(
             &client,
-            (crate::protocol::session_fencing::SEAL_SQL, &seal),
+            (Seal::SQL, &seal.params()),
             "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4, $5)",
             &[
                 (&key, Type::TEXT),

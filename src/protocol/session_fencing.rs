@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::control;
 use crate::error::pool_error;
@@ -33,11 +33,46 @@ use crate::state::shared::Shared;
 /// Seals the tenant's dead or expired owner incarnation and terminates its data sessions, in the
 /// acquiring transaction, right before `pgtenant.acquire` moves the epoch: (key, replica,
 /// incarnation, secret, timeout ms).
-pub(crate) const SEAL_SQL: &str = "SELECT pgtenant.seal_owner($1, $2, $3, $4, $5)";
+const SEAL_SQL: &str = "SELECT pgtenant.seal_owner($1, $2, $3, $4, $5)";
 
 /// How long a seal waits for each terminated backend to exit: a backend that does not exit in
 /// time fails the acquisition (retryably) rather than let the epoch move under it.
-pub(crate) const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The seal an acquisition (`acquire.rs`) or a restore (`forget.rs`) of `key` as
+/// `credentials`' incarnation runs first in its transaction: [`SEAL_SQL`] and its parameters
+/// (key, replica, incarnation, secret, terminate timeout ms), for `control::call_after`.
+pub(crate) struct Seal<'a> {
+    key: &'a str,
+    replica: &'a str,
+    incarnation: i64,
+    secret: &'a str,
+    terminate_ms: i64,
+}
+
+impl<'a> Seal<'a> {
+    pub(crate) const SQL: &'static str = SEAL_SQL;
+
+    pub(crate) fn new(key: &'a str, credentials: &'a Credentials) -> Self {
+        Seal {
+            key,
+            replica: &credentials.replica,
+            incarnation: credentials.incarnation.get(),
+            secret: credentials.secret(),
+            terminate_ms: i64::from(millis(TERMINATE_TIMEOUT)),
+        }
+    }
+
+    pub(crate) fn params(&self) -> [(&(dyn ToSql + Sync), Type); 5] {
+        [
+            (&self.key, Type::TEXT),
+            (&self.replica, Type::TEXT),
+            (&self.incarnation, Type::INT8),
+            (&self.secret, Type::TEXT),
+            (&self.terminate_ms, Type::INT8),
+        ]
+    }
+}
 
 /// Decides the fencing: `options.fencing` if it can hold, or why not (refused for an explicit
 /// `Session`, a logged fallback for `Auto`). The fallback's reason is returned for

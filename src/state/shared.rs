@@ -235,7 +235,7 @@ pub(crate) struct HandleInner {
     pub(crate) router: Arc<Shared>,
 }
 
-/// What [`TenantHandle::forget`] does with work in flight.
+/// What [`TenantHandle::forget`](crate::TenantHandle::forget) does with work in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActiveWork {
     /// Refuse to forget while work is in flight ([`Error::Busy`]).

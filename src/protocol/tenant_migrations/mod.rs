@@ -66,10 +66,7 @@ pub(crate) async fn migrate_existing(
     schema: &str,
 ) -> Result<()> {
     let context = || format!("migrate tenant {id} at epoch {epoch}");
-    let tx = client
-        .build_transaction()
-        .read_only(false)
-        .start()
+    let tx = control::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
     let (key, secret, epoch_value) = (id.key(), credentials.secret(), epoch.get());
