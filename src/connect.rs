@@ -1,7 +1,8 @@
-//! How pgtenant opens connections of its own (the lease session, the pooler probe, the default
-//! data-path pool, cancel requests): without TLS by default, or with the application's TLS
-//! connector ([`RouterOptions::tls`](crate::RouterOptions::tls)), and each bounded in time end
-//! to end ([`RouterOptions::connect_timeout`](crate::RouterOptions::connect_timeout)):
+//! How pgtenant opens connections of its own, DESIGN §5 "Replica start" and G9 (the lease
+//! session, the pooler probe, the default data-path pool, cancel requests): without TLS by
+//! default, or with the application's TLS connector
+//! ([`RouterOptions::tls`](crate::RouterOptions::tls)), and each bounded in time end to end
+//! ([`RouterOptions::connect_timeout`](crate::RouterOptions::connect_timeout)):
 //! tokio-postgres' own `connect_timeout` covers only the TCP connect, so a server that accepts
 //! and never answers would otherwise hold a connect forever. The connector's type is erased here
 //! so that the options and the router stay free of type parameters.

@@ -1,4 +1,5 @@
-//! Control-plane calls on data-path connections.
+//! Control-plane calls on data-path connections (DESIGN §4, G8: every lease transition is a
+//! `SECURITY DEFINER` function called from here).
 //!
 //! Data sessions start read-only (`default_transaction_read_only`, G6), and a previous user of
 //! a pooled connection may have left session state behind (a `SET ROLE` under which the

@@ -1,4 +1,5 @@
-//! The control plane: schema `pgtenant`, created and upgraded by embedded refinery migrations.
+//! The control plane (DESIGN §4): schema `pgtenant`, created and upgraded by embedded refinery
+//! migrations.
 
 use serde::Serialize;
 use tokio_postgres::Client;
