@@ -95,7 +95,7 @@ const PIN_SQL: &str = "SELECT set_config('search_path', $1, true)";
 /// work; the transaction commits only if it returned the expected value.
 const PEER_SQL: &str = "SELECT range_id FROM baseline.shards WHERE shard_id = $1 FOR SHARE";
 const PEER_RANGE: i64 = 7;
-/// The real heartbeat (src/liveness.rs).
+/// The real heartbeat (src/protocol/heartbeat.rs).
 const HEARTBEAT_SQL: &str = "SELECT pgtenant.heartbeat($1, $2, $3, $4)";
 const HEARTBEAT_TTL_MS: i32 = 60_000;
 
@@ -1702,7 +1702,7 @@ fn render(
          secret), made to hold {} tenants by inserting rows into `pgtenant.tenants` (owner = the \
          replica and incarnation, schema_name NULL; `VACUUM ANALYZE` after; `replica_status.tenants_held` \
          checked). Each sample is one real `SELECT pgtenant.heartbeat(replica, incarnation, secret, \
-         ttl)` (`query_typed`: TEXT, INT8, TEXT, INT4, as src/liveness.rs sends it) on the replica's own \
+         ttl)` (`query_typed`: TEXT, INT8, TEXT, INT4, as src/protocol/heartbeat.rs sends it) on the replica's own \
          session, which must return true (a renewal); the three replicas' heartbeats are sent round \
          robin, rotating which goes first, {} timed each after 20 untimed rounds. Then `SELECT * FROM \
          pgtenant.replica_status` (all {} tenants) is timed {} times after 5 untimed, with the default \

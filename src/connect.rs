@@ -1,7 +1,8 @@
-//! How pgtenant opens connections of its own (the lease session, the pooler probe, the default
-//! data-path pool, cancel requests): without TLS by default, or with the application's TLS
-//! connector ([`RouterOptions::tls`](crate::RouterOptions::tls)), and each bounded in time end
-//! to end ([`RouterOptions::connect_timeout`](crate::RouterOptions::connect_timeout)):
+//! How pgtenant opens connections of its own, DESIGN §5 "Replica start" and G9 (the lease
+//! session, the pooler probe, the default data-path pool, cancel requests): without TLS by
+//! default, or with the application's TLS connector
+//! ([`RouterOptions::tls`](crate::RouterOptions::tls)), and each bounded in time end to end
+//! ([`RouterOptions::connect_timeout`](crate::RouterOptions::connect_timeout)):
 //! tokio-postgres' own `connect_timeout` covers only the TCP connect, so a server that accepts
 //! and never answers would otherwise hold a connect forever. The connector's type is erased here
 //! so that the options and the router stay free of type parameters.
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig};
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{
@@ -34,7 +35,7 @@ use tokio_postgres::{
 };
 
 use crate::error::{Error, Result};
-use crate::options::RouterOptions;
+
 use crate::sqlstate::NOT_PRIMARY;
 use crate::BoxFuture;
 
@@ -98,13 +99,13 @@ impl Connector {
                     let reader = Arc::downgrade(&connection);
                     let parameters: crate::wire::Parameters = Arc::new(move |name: &str| {
                         let connection = reader.upgrade()?;
-                        let value = crate::replica::lock(&connection)
+                        let value = crate::state::sync::lock(&connection)
                             .parameter(name)
                             .map(str::to_owned);
                         value
                     });
                     let messages: Messages =
-                        Box::new(move |cx| crate::replica::lock(&connection).poll_message(cx));
+                        Box::new(move |cx| crate::state::sync::lock(&connection).poll_message(cx));
                     Ok(Opened {
                         client,
                         messages,
@@ -187,7 +188,7 @@ impl Connector {
     }
 
     /// A deadpool manager whose connections use this TLS setting and reach the primary among
-    /// the config's hosts (the pool bounds them, see [`default_pool`]).
+    /// the config's hosts (the pool bounds them, see `data_pool::default_pool`).
     pub(crate) fn manager(&self, config: Config, manager_config: ManagerConfig) -> Manager {
         Manager::from_connect(config, PrimaryConnect(self.clone()), manager_config)
     }
@@ -204,30 +205,6 @@ impl Connector {
             }),
         }
     }
-}
-
-/// The data-path pool pgtenant builds when the application gives none: creating a connection
-/// and waiting for a free one are both bounded by the connect timeout.
-pub(crate) fn default_pool(options: &RouterOptions) -> Result<Pool> {
-    let manager = options.connector.manager(
-        data_session_config(options),
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let bound = Some(options.connector.timeout);
-    // Each host gets the bound of its own: with the first one down, the next still has time.
-    let hosts = u32::try_from(hosts_in_order(&options.config).len().max(1)).unwrap_or(u32::MAX);
-    Pool::builder(manager)
-        .max_size(options.pool_size)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(bound)
-        .create_timeout(Some(options.connector.timeout.saturating_mul(hosts)))
-        .build()
-        .map_err(|e| Error::InvalidOption {
-            option: "pool_size",
-            reason: e.to_string(),
-        })
 }
 
 /// Where a config points, for error messages: `host:port`, comma-separated.
@@ -536,56 +513,56 @@ pub(crate) async fn drive(mut messages: Messages) {
     while let Some(Ok(_)) = std::future::poll_fn(|cx| messages(cx)).await {}
 }
 
-/// The data-path connections' settings: read-only by default (G6: work that ends its fenced
-/// transaction cannot write afterwards; only the fenced transaction is READ WRITE), as a
-/// startup option, which RESET ALL keeps; and TCP keepalives, so a vanished server ends them.
-fn data_session_config(options: &RouterOptions) -> Config {
-    let mut config = options.config.clone();
-    if options.read_only_data_sessions {
-        let startup = match config.get_options() {
-            Some(existing) if !existing.trim().is_empty() => {
-                format!("{existing} -c default_transaction_read_only=on")
-            }
-            _ => "-c default_transaction_read_only=on".to_owned(),
-        };
-        config.options(startup);
+/// Whether `session` keeps one backend of its own (a direct connection or session pooling):
+/// None when it does, else what showed the pooling. While `other` holds a transaction,
+/// `session` must stay on its backend and `other` must never be handed it. One round is not
+/// enough: a pooler may add a server connection to its idle list at any moment (PgBouncer
+/// launches them asynchronously), which hides the session's backend from the probe once; in the
+/// next round the session itself lands on that other server. Each round shows the pooling with
+/// every idle-list order (LIFO or round robin) unless other clients race for the same pool.
+pub(crate) async fn owns_its_backend(
+    session: &Client,
+    other: &mut Client,
+    context: &'static str,
+) -> Result<Option<String>> {
+    const ROUNDS: usize = 3;
+    // Unnamed statements: a named one could be prepared on one server and executed on another.
+    async fn backend_of(
+        client: &impl tokio_postgres::GenericClient,
+        context: &'static str,
+    ) -> Result<i32> {
+        client
+            .query_typed_one("SELECT pg_backend_pid()", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(Error::db(context))
     }
-    config
-        .keepalives(true)
-        .keepalives_idle(options.keepalive_idle)
-        .keepalives_interval(Duration::from_secs(2))
-        .keepalives_retries(3);
-    config
-}
-
-/// A pool the application built must give read-only-by-default sessions (G6), from the
-/// connection's startup options or the role's or database's defaults, since pgtenant resets
-/// session settings between tenants.
-pub(crate) async fn check_read_only(pool: &Pool) -> Result<()> {
-    let client = pool
-        .get()
-        .await
-        .map_err(crate::error::pool_error("check the data-path pool"))?;
-    let reset_value: String = client
-        .query_typed_one(
-            "SELECT reset_val FROM pg_settings WHERE name = 'default_transaction_read_only'",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("check the data-path pool"))?;
-    if reset_value == "on" {
-        return Ok(());
+    let pid = backend_of(session, context).await?;
+    let moved = |now: i32| {
+        Some(format!(
+            "its statements ran on two backends (pids {pid} and {now})"
+        ))
+    };
+    for _ in 0..ROUNDS {
+        let now = backend_of(session, context).await?;
+        if now != pid {
+            return Ok(moved(now));
+        }
+        let tx = other.transaction().await.map_err(Error::db(context))?;
+        if backend_of(&tx, context).await? == pid {
+            return Ok(Some(format!(
+                "another client was given its backend (pid {pid})"
+            )));
+        }
+        // The other transaction pins its backend, so a pooler must find the session another
+        // one — or its own, which it can only do without pooling.
+        let during = backend_of(session, context).await?;
+        tx.rollback().await.map_err(Error::db(context))?;
+        if during != pid {
+            return Ok(moved(during));
+        }
     }
-    Err(Error::InvalidOption {
-        option: "pool",
-        reason: "its sessions are not read-only by default, so work that ends its fenced \
-                 transaction itself could write unfenced: add `options=-c default_transaction_read_only=on` \
-                 to the pool's connection config (or `ALTER ROLE <app> SET default_transaction_read_only = on` \
-                 behind a transaction-mode pooler, which drops startup options), or accept the risk \
-                 with RouterOptions::read_only_data_sessions(false)"
-            .to_owned(),
-    })
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -596,6 +573,8 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::data_pool::default_pool;
+    use crate::options::RouterOptions;
 
     const BOUND: Duration = Duration::from_millis(300);
     /// The bound plus scheduling on a loaded machine; far below a hang.

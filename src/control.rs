@@ -1,4 +1,5 @@
-//! Control-plane calls on data-path connections.
+//! Control-plane calls on data-path connections (DESIGN §4, G8: every lease transition is a
+//! `SECURITY DEFINER` function called from here).
 //!
 //! Data sessions start read-only (`default_transaction_read_only`, G6), and a previous user of
 //! a pooled connection may have left session state behind (a `SET ROLE` under which the
@@ -12,6 +13,16 @@ use tokio_postgres::{Client, Row};
 
 /// Begins a read-write transaction on a clean session. `reset_session(NULL)` also marks the
 /// session as serving no tenant, so the next fence on this connection scrubs it again.
+/// Begins a `READ WRITE` transaction for a control-plane write or a tenant's DDL. Said
+/// explicitly because data sessions default to read-only (G6, `default_transaction_read_only`
+/// as a startup option), which would refuse the first write; setup's own connection may too.
+/// The one home of that start: creation, migration under a lease, the sweep and setup.
+pub(crate) async fn begin_read_write(
+    client: &mut Client,
+) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+    client.build_transaction().read_only(false).start().await
+}
+
 pub(crate) const BEGIN_CLEAN: &str = "BEGIN READ WRITE; SELECT pgtenant.reset_session(NULL)";
 
 /// Runs `sql` (one statement, typed parameters) in its own read-write transaction on a clean

@@ -1,4 +1,5 @@
-//! The control plane: schema `pgtenant`, created and upgraded by embedded refinery migrations.
+//! The control plane (DESIGN §4): schema `pgtenant`, created and upgraded by embedded refinery
+//! migrations.
 
 use serde::Serialize;
 use tokio_postgres::Client;
@@ -158,10 +159,7 @@ pub async fn setup(client: &mut Client) -> Result<SetupReport> {
 }
 
 async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Result<SetupReport> {
-    let transaction = client
-        .build_transaction()
-        .read_only(false)
-        .start()
+    let transaction = crate::control::begin_read_write(client)
         .await
         .map_err(Error::db("begin control-plane setup"))?;
     transaction

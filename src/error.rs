@@ -1,4 +1,5 @@
-//! The one error type of pgtenant.
+//! The one error type of pgtenant (DESIGN G7, §5 "Open path": unavailable versus
+//! tenant-caused).
 
 use std::fmt;
 

@@ -1,4 +1,4 @@
-//! Typed events a router publishes to its subscribers.
+//! Typed events a router publishes to its subscribers (DESIGN §6 Observability).
 
 use serde::Serialize;
 

@@ -1,4 +1,4 @@
-//! Tenant ids and the schema names derived from them.
+//! Tenant ids and the schema names derived from them (DESIGN §1 "tenant", §4 layout, G7).
 
 use std::fmt;
 

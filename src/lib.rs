@@ -51,39 +51,39 @@
 #![deny(missing_docs)]
 #![warn(rustdoc::broken_intra_doc_links)]
 
-mod acquire;
+// Layers, bottom to top (each imports only layers below it; `tools/import_graph.py src`
+// checks there is no import circle): vocabulary and connections (`id`, `lease`, `error`,
+// `sqlstate`, `event`, `metrics`, `wire`, `connect`, `options`, `data_pool`, `citus`,
+// `control`, `control_plane`, `migrate`), then `state/` (what the protocols share), then
+// `protocol/` (one file per DESIGN §5 protocol), then the facades `router.rs` and `handle.rs`.
 pub mod admin;
 mod citus;
 mod connect;
 mod control;
 mod control_plane;
-mod data_sessions;
+mod data_pool;
 mod error;
 mod event;
-mod fence;
-mod forget;
 mod handle;
 mod id;
 mod lease;
-mod liveness;
 pub mod metrics;
 mod migrate;
 mod options;
-mod release;
-mod replica;
+mod protocol;
+mod refusal;
 mod router;
-mod sessions;
 mod sqlstate;
-mod tenant_migrations;
+mod state;
 mod wire;
 
 pub use connect::DEFAULT_CONNECT_TIMEOUT;
 pub use control_plane::{setup, setup_url};
 pub use error::{Error, ErrorKind, Result};
 pub use event::Event;
-pub use fence::{TenantConnection, TenantTransaction, Tx};
 pub use handle::{ActiveWork, TenantHandle};
 pub use options::DEFAULT_MAX_TENANTS_PER_CONNECTION;
+pub use protocol::fenced_transaction::{TenantConnection, TenantTransaction, Tx};
 
 /// A boxed, sendable future: what work passed to [`TenantHandle::run`] returns
 /// (`|tx| Box::pin(async move { … })`).
@@ -91,11 +91,11 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
+pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
 pub use sqlstate::{
     FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN, NOT_PRIMARY as SQLSTATE_NOT_PRIMARY,
 };
-pub use tenant_migrations::{MigrationOutcome, TenantMigration};
 
 /// The PostgreSQL driver pgtenant is built on, for the types work names (`Row`,
 /// `types::ToSql`, …) without a separate dependency that could drift in version.

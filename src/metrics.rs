@@ -1,6 +1,6 @@
-//! The metrics pgtenant records, through the [`metrics`](https://docs.rs/metrics) facade: the
-//! application installs whatever recorder it likes (Prometheus, StatsD, …) or none, in which
-//! case recording costs next to nothing.
+//! The metrics pgtenant records (DESIGN §6), through the [`metrics`](https://docs.rs/metrics)
+//! facade: the application installs whatever recorder it likes (Prometheus, StatsD, …) or
+//! none, in which case recording costs next to nothing.
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|

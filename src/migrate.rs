@@ -1,4 +1,5 @@
-//! Runs refinery migrations inside a transaction the caller holds.
+//! Runs refinery migrations inside a transaction the caller holds (DESIGN §4, §5 "Tenant
+//! migrations").
 //!
 //! refinery's own tokio-postgres driver opens and commits a transaction per step and takes no
 //! lock, so two runners on one schema collide. Driving it through an open transaction instead

@@ -1,4 +1,4 @@
-//! Router options, validated before anything starts.
+//! Router options, validated before anything starts (DESIGN §5 "Replica start", G7).
 
 use std::ops::RangeInclusive;
 use std::time::Duration;

@@ -1,6 +1,9 @@
-//! The router: one per replica process, the facade over the protocols. Each method delegates
-//! to its protocol's file (see the README's layout table): `liveness.rs`, `acquire.rs`,
-//! `release.rs`, `forget.rs`, `tenant_migrations.rs`.
+//! The router (DESIGN §1 "replica"): one per replica process, a thin facade over the
+//! protocols. Each method delegates to its DESIGN §5 protocol's file in `protocol/` (table in
+//! `protocol/mod.rs`): `replica_start.rs` and `heartbeat.rs` (start), `open.rs` (open,
+//! open_or_create, wait_for), `handoff.rs` (request_handoff), `forget.rs` (restore),
+//! `tenant_migrations/all.rs` (migrate_all), `close.rs`. Status and summary read the shared
+//! state (`state/shared.rs`) and the control plane's views.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -9,18 +12,21 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use tracing::{instrument, warn, Instrument};
+use tracing::{instrument, Instrument};
 
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::handle::{HandleInner, TenantHandle};
+use crate::handle::TenantHandle;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState, Incarnation, TenantState};
-use crate::liveness::{begin_incarnation, maintain, LeaseSession};
 use crate::options::{Fencing, RouterOptions};
-use crate::replica::{join_all, lock, Shared, EVENT_BUFFER};
-use crate::tenant_migrations::TenantMigration;
+use crate::protocol::heartbeat::maintain;
+use crate::protocol::tenant_migrations::TenantMigration;
+use crate::state::shared::Shared;
+use crate::state::sync::lock;
+
+pub use crate::protocol::close::CloseReport;
 
 /// A replica's entry point to its tenants. Cheap to clone: every clone is the same replica.
 ///
@@ -73,39 +79,6 @@ impl std::fmt::Debug for Router {
             .field("incarnation", &self.incarnation())
             .finish_non_exhaustive()
     }
-}
-
-/// What [`Router::close`] did. Serializes (for a shutdown log line) with each failure as
-/// `{"tenant", "kind", "message"}`.
-#[derive(Debug, Default, serde::Serialize)]
-#[non_exhaustive]
-pub struct CloseReport {
-    /// Tenants handed off.
-    pub handed_off: Vec<TenantId>,
-    /// Tenants whose forget was under way when close began: waited for (up to the drain
-    /// timeout) and forgotten.
-    pub forgotten: Vec<TenantId>,
-    /// Tenants whose handoff failed, with why (a drain timeout, a lost lease, the database).
-    /// Their leases ended with the replica's deregistration all the same.
-    #[serde(serialize_with = "serialize_failures")]
-    pub failed: Vec<(TenantId, Error)>,
-}
-
-fn serialize_failures<S: serde::Serializer>(
-    failed: &[(TenantId, Error)],
-    serializer: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    #[derive(serde::Serialize)]
-    struct Failure<'a> {
-        tenant: &'a TenantId,
-        kind: crate::ErrorKind,
-        message: String,
-    }
-    serializer.collect_seq(failed.iter().map(|(tenant, error)| Failure {
-        tenant,
-        kind: error.kind(),
-        message: error.to_string(),
-    }))
 }
 
 /// A tenant as the control plane and this replica see it, for status endpoints.
@@ -179,34 +152,11 @@ impl Router {
     /// [`Error::ControlPlaneTooNew`]; [`Error::ReplicaIdInUse`] when a live process already runs
     /// this replica id; [`Error::NotASession`] behind a transaction-mode pooler.
     #[instrument(skip_all, fields(replica = %options.replica_id))]
-    pub async fn start(mut options: RouterOptions) -> Result<Router> {
-        options.validate()?;
-        crate::metrics::describe();
-        options.connector.timeout = options.effective_connect_timeout();
-        let pool = match &options.pool {
-            Some(pool) => {
-                if options.read_only_data_sessions {
-                    crate::connect::check_read_only(pool).await?;
-                }
-                pool.clone()
-            }
-            None => crate::connect::default_pool(&options)?,
-        };
-        let (notices, _) = broadcast::channel(EVENT_BUFFER);
-        let session = LeaseSession::open(&options, notices.clone()).await?;
-        // After the lease session: it checked that the control plane is this library's.
-        let fencing = crate::sessions::decide(&options, &pool).await?;
-        if fencing.0 == crate::sessions::Mode::Session {
-            session.declare_session_fencing().await?;
-        }
-        let placement = crate::citus::decide(&options, &pool).await?;
-        let mut shared = Shared::new(options, pool, notices, fencing);
-        shared.placement = placement;
-        let shared = Arc::new(shared);
-        begin_incarnation(&shared, &session);
+    pub async fn start(options: RouterOptions) -> Result<Router> {
+        let (shared, session) = crate::protocol::replica_start::start(options).await?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let span = tracing::info_span!("pgtenant.heartbeat", replica = %shared.options.replica_id);
-        tokio::spawn(crate::release::serve_requests(
+        tokio::spawn(crate::protocol::handoff::serve_requests(
             Arc::downgrade(&shared),
             shared.notices.subscribe(),
         ));
@@ -274,13 +224,17 @@ impl Router {
     /// [`Error::OpenTimeout`], [`Error::ReplicaDown`], [`Error::RouterClosed`]; database errors
     /// ([`Error::is_retryable`] tells an unavailable database).
     pub async fn open(&self, id: &TenantId) -> Result<TenantHandle> {
-        crate::acquire::open(self.shared(), id, false).await
+        crate::protocol::open::open(self.shared(), id, false)
+            .await
+            .map(TenantHandle::from_inner)
     }
 
     /// Like [`Router::open`], creating the tenant (its schema and its migrations, in the
     /// acquiring transaction) when it does not exist or was forgotten.
     pub async fn open_or_create(&self, id: &TenantId) -> Result<TenantHandle> {
-        crate::acquire::open(self.shared(), id, true).await
+        crate::protocol::open::open(self.shared(), id, true)
+            .await
+            .map(TenantHandle::from_inner)
     }
 
     /// Waits until the tenant is free, then opens it (an existing tenant, like
@@ -289,7 +243,9 @@ impl Router {
     /// doubling to 30 s). Gives up with [`Error::OpenTimeout`] after `timeout`; a timeout
     /// beyond any representable instant (`Duration::MAX`) waits without a deadline.
     pub async fn wait_for(&self, id: &TenantId, timeout: Duration) -> Result<TenantHandle> {
-        crate::acquire::wait_for(self.shared(), id, timeout).await
+        crate::protocol::open::wait_for(self.shared(), id, timeout)
+            .await
+            .map(TenantHandle::from_inner)
     }
 
     /// Asks the tenant's owner to hand it over to this replica (the owner decides by its
@@ -300,7 +256,7 @@ impl Router {
         if let Some(handle) = self.handle_of(id) {
             return Ok(handle);
         }
-        crate::release::request(self.shared(), id).await?;
+        crate::protocol::handoff::request(self.shared(), id).await?;
         self.wait_for(id, timeout).await
     }
 
@@ -317,8 +273,10 @@ impl Router {
         if shared.is_closed() {
             return Err(Error::RouterClosed);
         }
-        let restored = crate::forget::restore(shared, id).await;
-        restored.map_err(|error| shared.explain_down(error))
+        let restored = crate::protocol::forget::restore(shared, id).await;
+        restored
+            .map(TenantHandle::from_inner)
+            .map_err(|error| shared.explain_down(error))
     }
 
     /// One tenant as the control plane sees it, with this replica's own view.
@@ -388,7 +346,8 @@ impl Router {
         concurrency: usize,
         progress: impl Fn(&TenantMigration),
     ) -> Result<Vec<TenantMigration>> {
-        crate::tenant_migrations::migrate_all(self.shared(), concurrency, progress).await
+        crate::protocol::tenant_migrations::all::migrate_all(self.shared(), concurrency, progress)
+            .await
     }
 
     /// This replica at a glance, from memory (no database call).
@@ -459,48 +418,12 @@ impl Router {
         if shared.closed.swap(true, Ordering::AcqRel) {
             return CloseReport::default();
         }
-        // An acquisition in flight either fails or installs its handle, sees the router closed
-        // and gives the lease back: wait for them all before handing off and deregistering.
-        let options = &shared.options;
-        shared
-            .acquisitions_done(options.open_timeout.saturating_add(options.drain_timeout))
-            .await;
-        let queue: Vec<Arc<HandleInner>> = lock(&shared.handles).values().cloned().collect();
-        let queue = Mutex::new(queue.into_iter());
-        let report = Mutex::new(CloseReport::default());
-        let lane = || async {
-            loop {
-                let next = lock(&queue).next();
-                let Some(inner) = next else { return };
-                let id = inner.id.clone();
-                match crate::release::hand_over(&inner, None).await {
-                    Ok(()) => lock(&report).handed_off.push(id),
-                    // A forget (or another handoff) is under way: wait for it to finish.
-                    Err(Error::Draining { .. })
-                        if inner.wait_ended(options.drain_timeout).await =>
-                    {
-                        let mut report = lock(&report);
-                        if inner.state() == HandleState::Forgotten {
-                            report.forgotten.push(id);
-                        } else {
-                            report.handed_off.push(id);
-                        }
-                    }
-                    Err(error) => {
-                        warn!(tenant = %id, %error, "handoff on close failed");
-                        lock(&report).failed.push((id, error));
-                    }
-                }
-            }
-        };
-        join_all((0..options.close_concurrency).map(|_| lane())).await;
+        let report = crate::protocol::close::hand_off_all(shared).await;
         let _ = self.inner.shutdown.send(true);
         let task = lock(&self.inner.maintenance).take();
         if let Some(task) = task {
             let _ = task.await;
         }
         report
-            .into_inner()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

@@ -1,6 +1,6 @@
 //! The operator API (also the `pgtenant` command): setting up and granting the control
-//! plane, listing tenants and the trash, clearing quarantines, and the sweep (`sweep.rs`)
-//! that drops trashed and masked schemas.
+//! plane, listing tenants and the trash, clearing quarantines, and the sweep
+//! (`protocol/sweep.rs`, DESIGN §5 "Sweep") that drops trashed and masked schemas.
 
 use serde::Serialize;
 use tokio_postgres::GenericClient;
@@ -10,12 +10,10 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, TenantState};
 use crate::options::validate_replica_id;
 
-mod sweep;
-
 pub use crate::control_plane::{
     control_plane_version, setup_with, supported_version, SetupOptions, SetupReport, CONTROL_SCHEMA,
 };
-pub use sweep::{sweep, SweepOptions, SweepReport};
+pub use crate::protocol::sweep::{sweep, SweepOptions, SweepReport};
 
 /// Which tenants [`list_tenants`] returns: filters combine with AND; pages by key.
 #[derive(Debug, Clone)]

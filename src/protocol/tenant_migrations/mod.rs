@@ -1,9 +1,8 @@
 //! Tenant migrations (DESIGN §5 "Tenant migrations"): the application's migrations, run in a
 //! tenant's schema only under its lease — at creation inside the creating transaction (see
 //! `acquire.rs`), at open when the recorded version is behind, and for every tenant behind by
-//! [`Router::migrate_all`](crate::Router::migrate_all). A failure quarantines the tenant.
-
-use std::sync::{Arc, Mutex};
+//! [`Router::migrate_all`](crate::Router::migrate_all) (`all.rs`, which opens tenants: it sits
+//! above the open path, this file below the acquisition). A failure quarantines the tenant.
 
 use refinery::Runner;
 use tokio_postgres::types::Type;
@@ -11,15 +10,15 @@ use tokio_postgres::Transaction;
 use tracing::warn;
 
 use crate::control;
-use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::handle::HandleInner;
 use crate::id::TenantId;
 use crate::lease::{Epoch, Journal};
-use crate::liveness::Credentials;
 use crate::migrate::InTransaction;
-use crate::replica::{join_all, lock, Shared};
+use crate::state::credentials::Credentials;
+use crate::state::shared::Shared;
+
+pub(crate) mod all;
 
 /// refinery's history table, unqualified: it resolves to the tenant schema through the
 /// transaction's pinned search_path, so each tenant records its own migrations.
@@ -67,10 +66,7 @@ pub(crate) async fn migrate_existing(
     schema: &str,
 ) -> Result<()> {
     let context = || format!("migrate tenant {id} at epoch {epoch}");
-    let tx = client
-        .build_transaction()
-        .read_only(false)
-        .start()
+    let tx = control::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
     let (key, secret, epoch_value) = (id.key(), credentials.secret(), epoch.get());
@@ -186,9 +182,12 @@ pub(crate) async fn give_back(
     epoch: Epoch,
     credentials: &Credentials,
 ) {
-    let released =
-        crate::release::release_now(client, credentials, &[(id, epoch, Journal::Released, None)])
-            .await;
+    let released = crate::state::releases::release_now(
+        client,
+        credentials,
+        &[(id, epoch, Journal::Released, None)],
+    )
+    .await;
     if let Err(error) = released {
         warn!(tenant = %id, %error, replica = %shared.options.replica_id, "could not give the lease back; it ends with its expiry");
     }
@@ -239,108 +238,4 @@ pub struct TenantMigration {
     pub done: usize,
     /// Tenants to do in this run.
     pub total: usize,
-}
-
-/// [`Router::migrate_all`](crate::Router::migrate_all).
-pub(crate) async fn migrate_all(
-    shared: &Arc<Shared>,
-    concurrency: usize,
-    progress: impl Fn(&TenantMigration),
-) -> Result<Vec<TenantMigration>> {
-    if !(1..=1024).contains(&concurrency) {
-        return Err(Error::InvalidOption {
-            option: "concurrency",
-            reason: format!("{concurrency} is outside 1..=1024"),
-        });
-    }
-    let code = shared.options.code_version();
-    let code32 = i32::try_from(code).unwrap_or(i32::MAX);
-    let behind: Vec<(String, i64)> = {
-        let client = shared
-            .pool
-            .get()
-            .await
-            .map_err(pool_error("list tenants behind"))?;
-        client
-            .query(
-                "SELECT key, schema_version FROM pgtenant.tenants
-                  WHERE schema_name IS NOT NULL AND quarantine_cause IS NULL AND schema_version < $1
-                  ORDER BY key",
-                &[&code32],
-            )
-            .await
-            .map_err(Error::db("list tenants behind on migrations"))?
-            .iter()
-            .map(|row| (row.get(0), i64::from(row.get::<_, i32>(1))))
-            .collect()
-    };
-    let total = behind.len();
-    let queue = Mutex::new(behind.into_iter());
-    let results = Mutex::new(Vec::with_capacity(total));
-    let lane = || async {
-        loop {
-            let next = lock(&queue).next();
-            let Some((key, from)) = next else { return };
-            // The control plane's check constraint admits valid ids only.
-            let Ok(id) = TenantId::parse(&key) else {
-                continue;
-            };
-            let outcome = migrate_one(shared, &id, from, code).await;
-            let mut results = lock(&results);
-            let entry = TenantMigration {
-                tenant: id,
-                outcome,
-                done: results.len() + 1,
-                total,
-            };
-            progress(&entry);
-            results.push(entry);
-        }
-    };
-    join_all((0..concurrency).map(|_| lane())).await;
-    Ok(results
-        .into_inner()
-        .unwrap_or_else(|poisoned| poisoned.into_inner()))
-}
-
-async fn migrate_one(
-    shared: &Arc<Shared>,
-    id: &TenantId,
-    from: i64,
-    code: i64,
-) -> MigrationOutcome {
-    let failed = |error: Error| match error {
-        Error::Quarantined { cause, .. } => MigrationOutcome::Quarantined { cause },
-        Error::LeaseHeld { owner, .. } => MigrationOutcome::HeldElsewhere { owner },
-        other => MigrationOutcome::Failed {
-            error: other.to_string(),
-        },
-    };
-    let served: Option<Arc<HandleInner>> = shared.handle(id).filter(|h| h.is_serving());
-    if let Some(inner) = served {
-        let mut client = match shared.pool.get().await {
-            Ok(client) => client,
-            Err(error) => return failed(pool_error("migrate a tenant")(error)),
-        };
-        let lease = (inner.epoch, inner.lock_key);
-        let credentials = &inner.credentials;
-        let migrated =
-            migrate_held(shared, &mut client, id, lease, credentials, &inner.schema).await;
-        return match migrated {
-            Ok(()) => MigrationOutcome::Migrated { from, to: code },
-            Err(error) => failed(error),
-        };
-    }
-    match crate::acquire::open(shared, id, false).await {
-        Ok(handle) => {
-            // Another replica may have migrated it since the list was read.
-            let outcome = match handle.inner().migrated_from {
-                Some(from) => MigrationOutcome::Migrated { from, to: code },
-                None => MigrationOutcome::UpToDate,
-            };
-            let _ = handle.release().await;
-            outcome
-        }
-        Err(error) => failed(error),
-    }
 }

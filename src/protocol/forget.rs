@@ -9,22 +9,23 @@ use tokio_postgres::types::Type;
 use tokio_postgres::CancelToken;
 use tracing::info;
 
-use crate::acquire::install_handle;
 use crate::control;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::handle::{Acquired, ActiveWork, HandleInner, TenantHandle};
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
-use crate::replica::Shared;
-use crate::sqlstate::{self, Scope};
-use crate::tenant_migrations::migrate_held;
+use crate::protocol::acquire::install_handle;
+use crate::protocol::session_fencing::Seal;
+use crate::protocol::tenant_migrations::migrate_held;
+use crate::refusal::{self, Scope};
+use crate::sqlstate;
+use crate::state::shared::{Acquired, ActiveWork, HandleInner, Shared};
 
 /// How often `forget(ActiveWork::Cancel)` repeats its cancel requests while work remains.
 const CANCEL_REPEAT: Duration = Duration::from_millis(50);
 
-/// [`TenantHandle::forget`]: deal with the work in flight as `active` says, then one
+/// [`TenantHandle::forget`](crate::TenantHandle::forget): deal with the work in flight as `active` says, then one
 /// transaction masks every epoch up to this one, renames the schema into the trash, journals it
 /// and ends the lease.
 pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Result<String> {
@@ -121,7 +122,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
 }
 
 /// Restores a forgotten tenant's newest trashed schema as a new life held by this replica.
-pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<TenantHandle> {
+pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<HandleInner>> {
     let credentials = shared
         .liveness
         .credentials()
@@ -161,17 +162,10 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
         // The new life's name is derived for the epoch restore will bump to, which the
         // function checks; a taken name (a deliberate hash collision) moves to the next salt.
         let name = id.schema_name_salted(next, salt);
-        let terminate_ms = i64::from(crate::liveness::millis(crate::sessions::TERMINATE_TIMEOUT));
-        let seal: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
-            (&key, Type::TEXT),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&terminate_ms, Type::INT8),
-        ];
+        let seal = Seal::new(key, &credentials);
         let restored = control::call_after(
             &client,
-            (crate::sessions::SEAL_SQL, &seal),
+            (Seal::SQL, &seal.params()),
             "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4, $5)",
             &[
                 (&key, Type::TEXT),
@@ -189,7 +183,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Tenan
             {
                 salt += 1;
             }
-            Err(error) => return Err(sqlstate::map(error, &scope)),
+            Err(error) => return Err(refusal::map(error, &scope)),
             Ok(rows) => break rows,
         }
     };

@@ -23,9 +23,9 @@ use tokio_postgres::{Statement, Transaction};
 
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::handle::{CancelOnForget, HandleInner, InFlight};
 use crate::lease::HandleState;
 use crate::sqlstate;
+use crate::state::shared::{CancelOnForget, HandleInner, InFlight};
 use crate::BoxFuture;
 
 /// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
@@ -128,7 +128,7 @@ impl Entry {
 /// driver's transaction roll back whatever the work began after that.
 fn ensure_still_fenced(handle: &HandleInner, entry: &Entry) -> Result<()> {
     match entry.signal() {
-        Some(signal) if !crate::data_sessions::still_fenced(signal) => {
+        Some(signal) if !crate::state::data_sessions::still_fenced(signal) => {
             Err(Error::TransactionEnded {
                 tenant: handle.id.clone(),
                 epoch: handle.epoch,
@@ -150,7 +150,8 @@ async fn entry(
     let router = &handle.router;
     let cached = router.options.statement_cache;
     if router.session_fencing() {
-        let pid = crate::sessions::bound(router, client, &handle.credentials).await?;
+        let pid =
+            crate::protocol::session_fencing::bound(router, client, &handle.credentials).await?;
         let entered = router.data_sessions.enter(client, &handle.key).await?;
         if let Some(signal) = entered.signal {
             let pin = if cached {
@@ -292,6 +293,25 @@ async fn fence(
     after_reset(handle, tx, reset, fenced).await
 }
 
+/// The admission sequence of both ways in (`run` and `TenantConnection::begin`), counted in
+/// flight by the caller: the connection's entry (bound under session fencing), its cancel token
+/// and backend registered where `forget(ActiveWork::Cancel)` and `abandon` find them, the
+/// admission checked again (an `abandon` in between terminated only the backends registered
+/// before it), then BEGIN. In this order: a backend registered after `abandon` looked must not
+/// start work.
+async fn admit<'c>(
+    handle: &Arc<HandleInner>,
+    object: &'c mut deadpool_postgres::Object,
+    read_only: bool,
+    stuck: &AtomicBool,
+) -> Result<(Entry, CancelOnForget, Transaction<'c>)> {
+    let entry = entry(handle, object, read_only).await?;
+    let cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
+    handle.still_admitted()?;
+    let tx = begin(handle, object, read_only, stuck).await?;
+    Ok((entry, cancel, tx))
+}
+
 /// Begins the transaction (`READ WRITE` or `READ ONLY` explicitly: data sessions default to
 /// read-only) within the stuck bound.
 async fn begin<'c>(
@@ -409,10 +429,7 @@ where
     E: From<Error>,
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
-    let entry = entry(handle, object, read_only).await?;
-    let _cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
-    handle.still_admitted()?;
-    let tx = begin(handle, object, read_only, stuck).await?;
+    let (entry, _cancel, tx) = admit(handle, object, read_only, stuck).await?;
     // The fence goes on the wire first (join! polls in order) and its reply is consumed as it
     // arrives, concurrently with the work.
     let (fenced, outcome) = tokio::join!(
@@ -515,10 +532,7 @@ impl TenantConnection {
         };
         let in_flight = handle.begin_work()?;
         let object_id = deadpool_postgres::Object::id(object);
-        let entry = entry(handle, object, read_only).await?;
-        let cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
-        handle.still_admitted()?;
-        let tx = begin(handle, object, read_only, &self.stuck).await?;
+        let (entry, cancel, tx) = admit(handle, object, read_only, &self.stuck).await?;
         fence(handle, &tx, &entry, read_only)
             .await
             .map_err(|error| handle.refused(error, "fence tenant work"))?;

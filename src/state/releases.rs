@@ -1,6 +1,5 @@
-//! Releases (DESIGN §5 "Handoff", "Abandon", "Close"): every call of `pgtenant.release`, the
-//! drain before a voluntary end, directed handoffs, and answering other replicas' handoff
-//! requests.
+//! The one call of `pgtenant.release` (DESIGN §5 "Handoff", "Abandon", "Close"), and the
+//! router's release batcher, which every voluntary end goes through.
 //!
 //! Releases are batched. Each NOTIFYs `pgtenant_free`, and PostgreSQL serializes notifying
 //! commits (a database-wide lock held through the commit's WAL flush), so one release per
@@ -15,20 +14,13 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::Type;
 
-use tokio::sync::broadcast;
-use tracing::warn;
-
 use crate::control;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::event::Event;
-use crate::handle::{HandleInner, TenantHandle};
 use crate::id::TenantId;
-use crate::lease::{Epoch, HandleState, Journal};
-use crate::liveness::{millis, Credentials, Notice, HANDOFF_CHANNEL};
-use crate::options::{validate_replica_id, HandoffPolicy};
-use crate::replica::{lock, Shared};
+use crate::lease::{Epoch, Journal};
 use crate::sqlstate;
+use crate::state::credentials::{millis, Credentials};
 
 /// At most this many releases per transaction: keeps row locks and the statement small.
 const MAX_BATCH: usize = 256;
@@ -220,202 +212,4 @@ pub(crate) async fn release_now(
         }
     }
     Ok(released)
-}
-
-/// Stops taking new work, waits for the work in flight (however long), then releases.
-pub(crate) async fn release(handle: &Arc<HandleInner>) -> Result<()> {
-    if !handle.transition(HandleState::Serving, HandleState::Released) {
-        return Ok(());
-    }
-    handle.wait_idle().await;
-    give_back(handle, Journal::Released, None).await
-}
-
-/// Releases at once, without waiting for work in flight; that work either commits before the
-/// next owner's acquisition (which waits for it) or fails.
-pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
-    if !(handle.transition(HandleState::Serving, HandleState::Released)
-        || handle.transition(HandleState::Draining, HandleState::Released))
-    {
-        return Ok(());
-    }
-    let router = &handle.router;
-    if router.session_fencing() {
-        // No fence stops that work once the lease is released: it ends first (its transaction
-        // rolls back). Work not yet on a backend finds the handle released and stops.
-        let backends = handle.backends_in_flight();
-        if let Err(error) =
-            crate::sessions::terminate_work(&router.pool, &handle.credentials, &backends).await
-        {
-            // The lease stays held (and expires with the replica if it comes to that) rather
-            // than be released under work that may still commit.
-            router.detach(handle);
-            return Err(error);
-        }
-    }
-    give_back(handle, Journal::Released, None).await
-}
-
-/// A handoff: refuse new work, drain within the drain timeout, release (reserved for `to`).
-pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&str>) -> Result<()> {
-    if !handle.transition(HandleState::Serving, HandleState::Draining) {
-        return Err(match handle.state() {
-            HandleState::Draining => Error::Draining {
-                tenant: handle.id.clone(),
-            },
-            HandleState::Lost => handle.lease_lost("lost"),
-            _ => handle.lease_lost("released"),
-        });
-    }
-    let router = &handle.router;
-    router.emit(Event::Draining {
-        tenant: handle.id.clone(),
-        epoch: handle.epoch,
-        in_flight: handle.in_flight(),
-    });
-    let timeout = router.options.drain_timeout;
-    let started = std::time::Instant::now();
-    let drained = tokio::time::timeout(timeout, handle.wait_idle()).await;
-    crate::metrics::drain_time(started.elapsed());
-    if drained.is_err() {
-        let in_flight = handle.in_flight();
-        router.emit(Event::DrainTimeout {
-            tenant: handle.id.clone(),
-            epoch: handle.epoch,
-            in_flight,
-        });
-        // A failed drain leaves the tenant serving, unless the lease ended meanwhile.
-        handle.transition(HandleState::Draining, HandleState::Serving);
-        return Err(Error::DrainTimeout {
-            tenant: handle.id.clone(),
-            in_flight,
-            timeout,
-        });
-    }
-    if !handle.transition(HandleState::Draining, HandleState::Released) {
-        return Err(handle.lease_lost("lost"));
-    }
-    give_back(handle, Journal::HandedOff, to).await
-}
-
-/// Releases the lease (reserved for `to` when given) and reports how it ended.
-async fn give_back(handle: &Arc<HandleInner>, event: Journal, to: Option<&str>) -> Result<()> {
-    let router = &handle.router;
-    router.detach(handle);
-    let reservation = to.map(|replica| (replica, router.options.reservation));
-    let released = match router
-        .releases
-        .release(
-            &handle.id,
-            handle.epoch,
-            &handle.credentials,
-            event,
-            reservation,
-        )
-        .await
-    {
-        Err(Error::NoSuchReplica { replica_id, .. }) => {
-            // The target died between the check before the drain and this release: the
-            // tenant is already drained, so it is released for anyone rather than kept.
-            warn!(tenant = %handle.id, to = %replica_id, "handoff target gone; released without a reservation");
-            router
-                .releases
-                .release(&handle.id, handle.epoch, &handle.credentials, event, None)
-                .await?
-        }
-        released => released?,
-    };
-    let (tenant, epoch) = (handle.id.clone(), handle.epoch);
-    router.emit(match (released, event) {
-        (false, _) => Event::Lost {
-            tenant,
-            epoch,
-            reason: "already taken over when released".to_owned(),
-        },
-        (true, Journal::HandedOff) => Event::HandedOff {
-            tenant,
-            epoch,
-            to: to.map(str::to_owned),
-        },
-        (true, Journal::Released) => Event::Released { tenant, epoch },
-    });
-    Ok(())
-}
-
-/// Asks the owner of `id` (whoever it is) to hand it to this replica: a NOTIFY on
-/// `pgtenant_handoff` that every replica's lease session hears.
-pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
-    let client = shared
-        .pool
-        .get()
-        .await
-        .map_err(pool_error("request a handoff"))?;
-    let payload = serde_json::json!({
-        "tenant": id.key(),
-        "requester": shared.options.replica_id,
-    })
-    .to_string();
-    client
-        .execute("SELECT pg_notify($1, $2)", &[&HANDOFF_CHANNEL, &payload])
-        .await
-        .map_err(Error::db_with(|| {
-            format!("request a handoff of tenant {id}")
-        }))?;
-    Ok(())
-}
-
-/// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
-/// weak reference so it ends with the router.
-pub(crate) async fn serve_requests(
-    shared: std::sync::Weak<Shared>,
-    mut notices: broadcast::Receiver<Notice>,
-) {
-    #[derive(serde::Deserialize)]
-    struct Request {
-        tenant: String,
-        requester: String,
-    }
-    loop {
-        let notice = match notices.recv().await {
-            Ok(notice) => notice,
-            Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => return,
-        };
-        if notice.channel != HANDOFF_CHANNEL {
-            continue;
-        }
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        let Ok(request) = serde_json::from_str::<Request>(&notice.payload) else {
-            continue;
-        };
-        let Ok(tenant) = TenantId::parse(&request.tenant) else {
-            continue;
-        };
-        if validate_replica_id("requester", &request.requester).is_err() {
-            continue;
-        }
-        let Some(inner) = lock(&shared.handles)
-            .get(&tenant)
-            .filter(|h| h.is_serving())
-            .cloned()
-        else {
-            continue;
-        };
-        let accepted = shared.options.handoff_policy == HandoffPolicy::Accept;
-        shared.emit(Event::HandoffRequested {
-            tenant: tenant.clone(),
-            requester: request.requester.clone(),
-            accepted,
-        });
-        if accepted {
-            tokio::spawn(async move {
-                let handle = TenantHandle::from_inner(inner);
-                if let Err(error) = handle.handoff_to(&request.requester).await {
-                    warn!(%tenant, %error, "requested handoff failed");
-                }
-            });
-        }
-    }
 }

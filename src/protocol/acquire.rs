@@ -1,32 +1,31 @@
-//! Acquiring a tenant's lease (DESIGN §5 "Acquire tenant", "Open path"): one acquisition per
-//! tenant at a time in this replica, bounded by the open timeout, `pgtenant.acquire`, creation
-//! of a new life's schema with the application's migrations, upgrading a tenant whose schema
-//! is behind, and waiting for a tenant to be free.
+//! Acquiring a tenant's lease (DESIGN §5 "Acquire tenant"): `pgtenant.acquire` (which takes a
+//! dead or expired owner over, sealing it first under session fencing), creation of a new
+//! life's schema with the application's migrations, upgrading a tenant whose schema is behind,
+//! and installing the handle. Gates, bounds and waiting are the open path's (`open.rs`).
 //!
 //! An open of an existing tenant is one control-plane call (one round trip). A creation runs
 //! the acquisition, `CREATE SCHEMA`, the tenant migrations and the bookkeeping in ONE
 //! transaction: a failure leaves nothing behind, not even the epoch bump.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use tokio::sync::broadcast;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 
 use crate::control;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::handle::{Acquired, HandleInner, TenantHandle};
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
-use crate::lease::{Epoch, HandleState};
-use crate::liveness::{Credentials, FREE_CHANNEL};
-use crate::replica::{lock, Shared};
-use crate::sqlstate::{self, Scope};
-use crate::tenant_migrations::{after_failed_migration, give_back, migrate_held};
+use crate::lease::Epoch;
+use crate::protocol::session_fencing::Seal;
+use crate::protocol::tenant_migrations::{after_failed_migration, give_back, migrate_held};
+use crate::refusal::{self, Scope};
+use crate::sqlstate;
+use crate::state::credentials::Credentials;
+use crate::state::shared::{Acquired, HandleInner, Shared};
+use crate::state::sync::lock;
 
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
 const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine";
@@ -34,159 +33,6 @@ const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget
 const ACQUIRE_SQL: &str =
     "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
        FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7)";
-
-/// Serving here already, draining here, or None.
-fn local(shared: &Shared, id: &TenantId) -> Option<Result<TenantHandle>> {
-    let inner = shared.handle(id)?;
-    match inner.state() {
-        HandleState::Serving if inner.is_serving() => Some(Ok(TenantHandle::from_inner(inner))),
-        HandleState::Draining => Some(Err(Error::Draining { tenant: id.clone() })),
-        _ => None,
-    }
-}
-
-/// [`Router::open`](crate::Router::open) and `open_or_create`: concurrent opens of one tenant
-/// share one acquisition, capacity counts those opening, and the whole open is bounded.
-#[tracing::instrument(skip_all, fields(tenant = %id))]
-pub(crate) async fn open(
-    shared: &Arc<Shared>,
-    id: &TenantId,
-    create: bool,
-) -> Result<TenantHandle> {
-    if shared.is_closed() {
-        return Err(Error::RouterClosed);
-    }
-    if let Some(found) = local(shared, id) {
-        return found;
-    }
-    let gate = {
-        let mut opening = lock(&shared.opening);
-        match opening.get(id) {
-            Some(gate) => gate.clone(),
-            None => {
-                let max = shared.options.max_open_tenants;
-                if lock(&shared.handles).len() + opening.len() >= max {
-                    return Err(Error::AtCapacity { max });
-                }
-                opening.entry(id.clone()).or_default().clone()
-            }
-        }
-    };
-    let turn = gate.lock().await;
-    let result = match local(shared, id) {
-        Some(found) => found,
-        None => bounded(shared, id, create).await,
-    };
-    drop(turn);
-    {
-        let mut opening = lock(&shared.opening);
-        // The last one through removes the gate; a waiter still holds a clone otherwise.
-        if Arc::strong_count(&gate) <= 2 {
-            opening.remove(id);
-        }
-    }
-    result.map_err(|error| shared.explain_down(error))
-}
-
-/// One acquisition task running, counted until it ends (even by a panic): close() waits for
-/// them.
-struct Running(Arc<Shared>);
-
-impl Running {
-    fn begin(shared: &Arc<Shared>) -> Running {
-        shared.acquiring.fetch_add(1, Ordering::AcqRel);
-        Running(shared.clone())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.0.acquiring.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.acquired.notify_waiters();
-        }
-    }
-}
-
-/// Runs the acquisition in its own task so that a timeout (or a caller that stops waiting)
-/// cannot strand a lease: a late success finds nobody to take it and releases it.
-async fn bounded(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<TenantHandle> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let (task_shared, task_id) = (shared.clone(), id.clone());
-    let running = Running::begin(shared);
-    let started = Instant::now();
-    tokio::spawn(
-        async move {
-            let _running = running;
-            let result = acquire(&task_shared, &task_id, create).await;
-            if let Err(Ok(late)) = tx.send(result) {
-                info!("open gave up before the lease arrived: releasing it");
-                let _ = late.abandon().await;
-            }
-        }
-        .in_current_span(),
-    );
-    let timeout = shared.options.open_timeout;
-    let outcome = match tokio::time::timeout(timeout, rx).await {
-        Ok(Ok(result)) => result,
-        // The task ended without answering (it panicked), or the bound passed.
-        Ok(Err(_)) | Err(_) => Err(Error::OpenTimeout {
-            tenant: id.clone(),
-            timeout,
-        }),
-    };
-    crate::metrics::open_finished(started.elapsed(), outcome.is_ok());
-    outcome
-}
-
-/// [`Router::wait_for`](crate::Router::wait_for): opens once the tenant is free, woken by the
-/// release's NOTIFY or, for an owner that died or stalled, at its expiry.
-pub(crate) async fn wait_for(
-    shared: &Arc<Shared>,
-    id: &TenantId,
-    timeout: Duration,
-) -> Result<TenantHandle> {
-    // Pauses between attempts are short (ttl, backoff); the cap keeps `now + pause` finite.
-    const LONGEST_PAUSE: Duration = Duration::from_secs(3600);
-    let deadline = Instant::now().checked_add(timeout);
-    let mut notices = shared.notices.subscribe();
-    let (first, max) = shared.options.reconnect_backoff;
-    let mut backoff = first;
-    loop {
-        let pause = match open(shared, id, false).await {
-            Ok(handle) => return Ok(handle),
-            Err(Error::LeaseHeld { expires_in, .. }) => {
-                expires_in.unwrap_or(shared.options.ttl) + Duration::from_millis(5)
-            }
-            Err(error) if error.is_retryable() => {
-                let pause = backoff;
-                backoff = backoff.saturating_mul(2).min(max);
-                pause
-            }
-            Err(error) => return Err(error),
-        };
-        let now = Instant::now();
-        if deadline.is_some_and(|deadline| now >= deadline) {
-            return Err(Error::OpenTimeout {
-                tenant: id.clone(),
-                timeout,
-            });
-        }
-        let wake = now + pause.min(LONGEST_PAUSE);
-        let wake = deadline.map_or(wake, |deadline| wake.min(deadline));
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(wake.into()) => break,
-                notice = notices.recv() => match notice {
-                    Ok(n) if n.channel == FREE_CHANNEL && n.payload == id.key() => break,
-                    Ok(_) => continue,
-                    // Missed some: the one we wait for may be among them.
-                    Err(broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
-            }
-        }
-    }
-}
 
 /// What `pgtenant.acquire` answered.
 struct Answer {
@@ -248,7 +94,11 @@ fn scope<'a>(id: &'a TenantId, credentials: &'a Credentials) -> Scope<'a> {
 }
 
 /// Acquires the lease and registers the handle. Runs in its own task (see [`bounded`]).
-async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<TenantHandle> {
+pub(crate) async fn acquire(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    create: bool,
+) -> Result<Arc<HandleInner>> {
     let credentials = shared
         .liveness
         .credentials()
@@ -272,22 +122,15 @@ async fn acquire(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Te
     // Before the epoch moves away from a dead or expired owner, its incarnation is sealed and
     // its data sessions terminated, in the same transaction (session fencing; a no-op for a
     // free tenant or a live owner).
-    let terminate_ms = i64::from(crate::liveness::millis(crate::sessions::TERMINATE_TIMEOUT));
-    let seal: [(&(dyn ToSql + Sync), Type); 5] = [
-        (&texts.0, Type::TEXT),
-        (&credentials.replica, Type::TEXT),
-        (&incarnation, Type::INT8),
-        (&texts.3, Type::TEXT),
-        (&terminate_ms, Type::INT8),
-    ];
+    let seal = Seal::new(texts.0, &credentials);
     let opened = control::call_after(
         &client,
-        (crate::sessions::SEAL_SQL, &seal),
+        (Seal::SQL, &seal.params()),
         ACQUIRE_SQL,
         &acquire_params(&texts, &credentials, &incarnation, &false),
     )
     .await
-    .map_err(|error| sqlstate::map(error, &scope(id, &credentials)))
+    .map_err(|error| refusal::map(error, &scope(id, &credentials)))
     .and_then(|rows| Answer::from_rows(rows, id));
     let answer = match opened {
         Ok(answer) => answer,
@@ -369,7 +212,7 @@ async fn create_tenant(
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
     credentials: &Arc<Credentials>,
-) -> Result<TenantHandle> {
+) -> Result<Arc<HandleInner>> {
     for salt in 0..SCHEMA_NAME_SALTS {
         match create_once(shared, client, id, credentials, salt).await {
             Err(Error::Database { source, .. })
@@ -401,12 +244,9 @@ async fn create_once(
     id: &TenantId,
     credentials: &Arc<Credentials>,
     salt: u32,
-) -> Result<TenantHandle> {
+) -> Result<Arc<HandleInner>> {
     let context = || format!("create tenant {id}");
-    let tx = client
-        .build_transaction()
-        .read_only(false)
-        .start()
+    let tx = control::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
     let texts = (
@@ -423,7 +263,7 @@ async fn create_once(
     );
     scrubbed.map_err(Error::db_with(context))?;
     let answer = acquired
-        .map_err(|error| sqlstate::map(error, &scope(id, credentials)))
+        .map_err(|error| refusal::map(error, &scope(id, credentials)))
         .and_then(|rows| Answer::from_rows(rows, id))?;
     if answer.schema.is_some() || answer.quarantine.is_some() {
         // Created by another replica between our two calls: open it the ordinary way.
@@ -449,7 +289,8 @@ async fn create_once(
     )
     .await
     .map_err(Error::db_with(context))?;
-    crate::tenant_migrations::apply(&tx, &shared.options.migrations, shared.placement).await?;
+    crate::protocol::tenant_migrations::apply(&tx, &shared.options.migrations, shared.placement)
+        .await?;
     let version = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
     let epoch_value = epoch.get();
     tx.query_typed(
@@ -495,7 +336,7 @@ pub(crate) async fn install_handle(
     id: &TenantId,
     lease: Acquired,
     event: Event,
-) -> Result<TenantHandle> {
+) -> Result<Arc<HandleInner>> {
     let inner = Arc::new(HandleInner::new(id.clone(), lease, shared.clone()));
     {
         let mut handles = lock(&shared.handles);
@@ -504,11 +345,10 @@ pub(crate) async fn install_handle(
     }
     crate::metrics::lease_acquired();
     shared.emit(event);
-    let handle = TenantHandle::from_inner(inner);
     // Closed while acquiring: give it straight back rather than leak it.
     if shared.is_closed() {
-        let _ = handle.abandon().await;
+        let _ = crate::protocol::abandon::abandon(&inner).await;
         return Err(Error::RouterClosed);
     }
-    Ok(handle)
+    Ok(inner)
 }

@@ -5,7 +5,8 @@
 //!   sessions (no transaction-mode pooler in front: the same probe as the lease session's) and
 //!   the control plane's owner must be allowed to terminate them.
 //! * Each pooled connection is bound once to the replica's current incarnation ([`bound`]),
-//!   before its first tenant transaction (`pgtenant.bind`).
+//!   before its first tenant transaction (`pgtenant.bind`); the bookkeeping is
+//!   `state/bindings.rs`.
 //! * An acquisition seals the dead or expired owner incarnation and terminates its backends in
 //!   the acquiring transaction, before the epoch moves ([`SEAL_SQL`], `pgtenant.seal_owner`).
 //!   The epoch's own UPDATE seals again (trigger `seal_on_takeover`, V7), from the same read
@@ -15,36 +16,62 @@
 //!   its release commits ([`terminate_work`]); deregistration seals the replica's own
 //!   incarnation.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use deadpool_postgres::ObjectId;
-use deadpool_postgres::{Object, Pool, StatementCache};
-use tokio_postgres::types::Type;
+use deadpool_postgres::{Object, Pool};
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::control;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::liveness::{millis, Credentials};
 use crate::options::{Fencing, RouterOptions};
-use crate::replica::{lock, Shared};
 use crate::sqlstate;
+use crate::state::bindings::{Mode, LASTING_AFTER};
+use crate::state::credentials::{millis, Credentials};
+use crate::state::shared::Shared;
 
 /// Seals the tenant's dead or expired owner incarnation and terminates its data sessions, in the
 /// acquiring transaction, right before `pgtenant.acquire` moves the epoch: (key, replica,
 /// incarnation, secret, timeout ms).
-pub(crate) const SEAL_SQL: &str = "SELECT pgtenant.seal_owner($1, $2, $3, $4, $5)";
+const SEAL_SQL: &str = "SELECT pgtenant.seal_owner($1, $2, $3, $4, $5)";
 
 /// How long a seal waits for each terminated backend to exit: a backend that does not exit in
 /// time fails the acquisition (retryably) rather than let the epoch move under it.
-pub(crate) const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The fencing in force for this router, after the start-up checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    Session,
-    Transaction,
+/// The seal an acquisition (`acquire.rs`) or a restore (`forget.rs`) of `key` as
+/// `credentials`' incarnation runs first in its transaction: [`SEAL_SQL`] and its parameters
+/// (key, replica, incarnation, secret, terminate timeout ms), for `control::call_after`.
+pub(crate) struct Seal<'a> {
+    key: &'a str,
+    replica: &'a str,
+    incarnation: i64,
+    secret: &'a str,
+    terminate_ms: i64,
+}
+
+impl<'a> Seal<'a> {
+    pub(crate) const SQL: &'static str = SEAL_SQL;
+
+    pub(crate) fn new(key: &'a str, credentials: &'a Credentials) -> Self {
+        Seal {
+            key,
+            replica: &credentials.replica,
+            incarnation: credentials.incarnation.get(),
+            secret: credentials.secret(),
+            terminate_ms: i64::from(millis(TERMINATE_TIMEOUT)),
+        }
+    }
+
+    pub(crate) fn params(&self) -> [(&(dyn ToSql + Sync), Type); 5] {
+        [
+            (&self.key, Type::TEXT),
+            (&self.replica, Type::TEXT),
+            (&self.incarnation, Type::INT8),
+            (&self.secret, Type::TEXT),
+            (&self.terminate_ms, Type::INT8),
+        ]
+    }
 }
 
 /// Decides the fencing: `options.fencing` if it can hold, or why not (refused for an explicit
@@ -89,7 +116,7 @@ async fn blocker(pool: &Pool, probe: bool) -> Result<Option<String>> {
                     .to_owned(),
             ));
         };
-        let pooled = crate::liveness::owns_its_backend(&first, &mut second, CONTEXT).await?;
+        let pooled = crate::connect::owns_its_backend(&first, &mut second, CONTEXT).await?;
         if let Some(pooled) = pooled {
             return Ok(Some(format!(
                 "the data-path connections do not keep their backend ({pooled}): a \
@@ -103,114 +130,6 @@ async fn blocker(pool: &Pool, probe: bool) -> Result<Option<String>> {
         .map_err(Error::db(CONTEXT))?;
     row.try_get::<_, Option<String>>(0)
         .map_err(Error::db(CONTEXT))
-}
-
-/// One pooled connection's binding: its statement cache identifies the live connection (the
-/// cache dies with it), the incarnation it is bound to, its backend.
-struct Binding {
-    connection: Weak<StatementCache>,
-    /// The registration it is bound to ([`Credentials::registration`]).
-    registration: u64,
-    pid: i32,
-}
-
-/// The bindings of this router's pooled connections, by pool object, and the database's
-/// refusals to bind (DESIGN G9: a refusal that no retry cures is reported, not retried).
-#[derive(Default)]
-pub(crate) struct Bindings {
-    bound: Mutex<HashMap<ObjectId, Binding>>,
-    refusal: Mutex<Refusal>,
-    /// Wakes the liveness task when the current incarnation was refused.
-    refused: tokio::sync::Notify,
-}
-
-/// The database's last refusal to bind, and how many incarnations in a row it refused.
-#[derive(Default)]
-struct Refusal {
-    /// The registration refused ([`Credentials::registration`]: an incarnation number can be
-    /// issued again after a lossy failover, a registration cannot).
-    registration: Option<u64>,
-    reason: String,
-    in_a_row: u32,
-}
-
-/// Incarnations refused in a row, each freshly registered, after which registering again is no
-/// cure: a seal refuses one incarnation (the next binds), so even a second seal right after
-/// the first stays below this.
-const LASTING_AFTER: u32 = 3;
-
-impl Bindings {
-    /// Records that the database refused to bind `incarnation`; returns (in a row, first time
-    /// for this incarnation).
-    fn refuse(&self, registration: u64, reason: &str) -> (u32, bool) {
-        let mut refusal = lock(&self.refusal);
-        let first = refusal.registration != Some(registration);
-        if first {
-            refusal.registration = Some(registration);
-            refusal.reason = reason.to_owned();
-            refusal.in_a_row += 1;
-        }
-        (refusal.in_a_row, first)
-    }
-
-    /// A bind passed: whatever was refused before is cured.
-    fn accepted(&self) {
-        let mut refusal = lock(&self.refusal);
-        if refusal.in_a_row > 0 {
-            *refusal = Refusal::default();
-        }
-    }
-
-    /// Whether `registration` was refused: it can bind nothing, so there is no point asking.
-    pub(crate) fn is_refused(&self, registration: u64) -> bool {
-        lock(&self.refusal).registration == Some(registration)
-    }
-
-    /// The refusal's error once registering again did not cure it.
-    pub(crate) fn lasting(&self, replica_id: &str) -> Option<Error> {
-        let refusal = lock(&self.refusal);
-        (refusal.in_a_row >= LASTING_AFTER).then(|| Error::SessionsRefused {
-            replica_id: replica_id.to_owned(),
-            incarnations: refusal.in_a_row,
-            reason: refusal.reason.clone(),
-        })
-    }
-
-    /// Incarnations refused in a row (0 once a bind passed).
-    pub(crate) fn refused_in_a_row(&self) -> u32 {
-        lock(&self.refusal).in_a_row
-    }
-
-    /// Waits until a bind is refused.
-    pub(crate) async fn refusal(&self) {
-        self.refused.notified().await;
-    }
-    /// The backend pid of `object` if it is bound to `registration`.
-    fn get(&self, object: &Object, registration: u64) -> Option<i32> {
-        let bound = lock(&self.bound);
-        let binding = bound.get(&Object::id(object))?;
-        let alive = binding
-            .connection
-            .upgrade()
-            .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache));
-        (alive && binding.registration == registration).then_some(binding.pid)
-    }
-
-    fn insert(&self, object: &Object, registration: u64, pid: i32, pool_size: usize) {
-        let mut bound = lock(&self.bound);
-        // Connections come and go with the pool; forget those that went, now and then.
-        if bound.len() > 2 * pool_size.max(8) {
-            bound.retain(|_, binding| binding.connection.strong_count() > 0);
-        }
-        bound.insert(
-            Object::id(object),
-            Binding {
-                connection: Arc::downgrade(&object.statement_cache),
-                registration,
-                pid,
-            },
-        );
-    }
 }
 
 /// Binds `object` to the credentials' incarnation unless it is already: one round trip on a

@@ -1,0 +1,40 @@
+//! Abandon (DESIGN §5 "Abandon"): stop serving at once and release the lease without waiting
+//! for the work in flight; that work either commits before the next owner's acquisition
+//! (which waits for it) or fails, so nothing acknowledged is lost. Under session fencing the
+//! backends of that work are terminated first (no fence would stop them afterwards).
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::lease::{HandleState, Journal};
+use crate::protocol::handoff::give_back;
+use crate::state::shared::HandleInner;
+
+/// Releases at once, without waiting for work in flight; that work either commits before the
+/// next owner's acquisition (which waits for it) or fails.
+pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
+    if !(handle.transition(HandleState::Serving, HandleState::Released)
+        || handle.transition(HandleState::Draining, HandleState::Released))
+    {
+        return Ok(());
+    }
+    let router = &handle.router;
+    if router.session_fencing() {
+        // No fence stops that work once the lease is released: it ends first (its transaction
+        // rolls back). Work not yet on a backend finds the handle released and stops.
+        let backends = handle.backends_in_flight();
+        if let Err(error) = crate::protocol::session_fencing::terminate_work(
+            &router.pool,
+            &handle.credentials,
+            &backends,
+        )
+        .await
+        {
+            // The lease stays held (and expires with the replica if it comes to that) rather
+            // than be released under work that may still commit.
+            router.detach(handle);
+            return Err(error);
+        }
+    }
+    give_back(handle, Journal::Released, None).await
+}

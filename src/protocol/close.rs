@@ -1,0 +1,89 @@
+//! Close (DESIGN §5 "Close"): refuse new opens, wait for acquisitions in flight, hand off
+//! every open tenant `close_concurrency` at a time, wait for forgets under way, and report the
+//! tenants whose handoff failed. The router then stops the heartbeat task, which deregisters
+//! the incarnation and frees the liveness lock (`heartbeat.rs`, `replica_start.rs`).
+
+use std::sync::{Arc, Mutex};
+
+use tracing::warn;
+
+use crate::error::Error;
+use crate::id::TenantId;
+use crate::lease::HandleState;
+use crate::protocol::handoff::hand_over;
+use crate::state::shared::{HandleInner, Shared};
+use crate::state::sync::{join_all, lock};
+
+/// What [`Router::close`](crate::Router::close) did. Serializes (for a shutdown log line) with each failure as
+/// `{"tenant", "kind", "message"}`.
+#[derive(Debug, Default, serde::Serialize)]
+#[non_exhaustive]
+pub struct CloseReport {
+    /// Tenants handed off.
+    pub handed_off: Vec<TenantId>,
+    /// Tenants whose forget was under way when close began: waited for (up to the drain
+    /// timeout) and forgotten.
+    pub forgotten: Vec<TenantId>,
+    /// Tenants whose handoff failed, with why (a drain timeout, a lost lease, the database).
+    /// Their leases ended with the replica's deregistration all the same.
+    #[serde(serialize_with = "serialize_failures")]
+    pub failed: Vec<(TenantId, Error)>,
+}
+
+fn serialize_failures<S: serde::Serializer>(
+    failed: &[(TenantId, Error)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(serde::Serialize)]
+    struct Failure<'a> {
+        tenant: &'a TenantId,
+        kind: crate::ErrorKind,
+        message: String,
+    }
+    serializer.collect_seq(failed.iter().map(|(tenant, error)| Failure {
+        tenant,
+        kind: error.kind(),
+        message: error.to_string(),
+    }))
+}
+
+/// Hands off every tenant served here, `close_concurrency` at a time, once `shared` is marked
+/// closed (so no open adds one).
+pub(crate) async fn hand_off_all(shared: &Shared) -> CloseReport {
+    // An acquisition in flight either fails or installs its handle, sees the router closed
+    // and gives the lease back: wait for them all before handing off and deregistering.
+    let options = &shared.options;
+    shared
+        .acquisitions_done(options.open_timeout.saturating_add(options.drain_timeout))
+        .await;
+    let queue: Vec<Arc<HandleInner>> = lock(&shared.handles).values().cloned().collect();
+    let queue = Mutex::new(queue.into_iter());
+    let report = Mutex::new(CloseReport::default());
+    let lane = || async {
+        loop {
+            let next = lock(&queue).next();
+            let Some(inner) = next else { return };
+            let id = inner.id.clone();
+            match hand_over(&inner, None).await {
+                Ok(()) => lock(&report).handed_off.push(id),
+                // A forget (or another handoff) is under way: wait for it to finish.
+                Err(Error::Draining { .. }) if inner.wait_ended(options.drain_timeout).await => {
+                    let mut report = lock(&report);
+                    if inner.state() == HandleState::Forgotten {
+                        report.forgotten.push(id);
+                    } else {
+                        report.handed_off.push(id);
+                    }
+                }
+                Err(error) => {
+                    warn!(tenant = %id, %error, "handoff on close failed");
+                    lock(&report).failed.push((id, error));
+                }
+            }
+        }
+    };
+    join_all((0..options.close_concurrency).map(|_| lane())).await;
+    report
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,174 @@
+//! The open path (DESIGN §5 "Open path", "Acquire tenant"'s last sentence): a tenant served
+//! here already is returned as it is; concurrent opens of one tenant in this replica share one
+//! acquisition; capacity (`max_open_tenants`) counts those opening; the whole open is bounded by
+//! `open_timeout`, and an acquisition that arrives late is given back. `wait_for` opens once the
+//! tenant is free, woken by the release's NOTIFY or at the owner's expiry. The acquisition
+//! itself is `acquire.rs`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
+use tracing::{info, Instrument};
+
+use crate::error::{Error, Result};
+use crate::id::TenantId;
+use crate::lease::HandleState;
+use crate::protocol::acquire::acquire;
+use crate::state::liveness::FREE_CHANNEL;
+use crate::state::shared::{HandleInner, Shared};
+use crate::state::sync::lock;
+
+/// Serving here already, draining here, or None.
+fn local(shared: &Shared, id: &TenantId) -> Option<Result<Arc<HandleInner>>> {
+    let inner = shared.handle(id)?;
+    match inner.state() {
+        HandleState::Serving if inner.is_serving() => Some(Ok(inner)),
+        HandleState::Draining => Some(Err(Error::Draining { tenant: id.clone() })),
+        _ => None,
+    }
+}
+
+/// [`Router::open`](crate::Router::open) and `open_or_create`: concurrent opens of one tenant
+/// share one acquisition, capacity counts those opening, and the whole open is bounded.
+#[tracing::instrument(skip_all, fields(tenant = %id))]
+pub(crate) async fn open(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    create: bool,
+) -> Result<Arc<HandleInner>> {
+    if shared.is_closed() {
+        return Err(Error::RouterClosed);
+    }
+    if let Some(found) = local(shared, id) {
+        return found;
+    }
+    let gate = {
+        let mut opening = lock(&shared.opening);
+        match opening.get(id) {
+            Some(gate) => gate.clone(),
+            None => {
+                let max = shared.options.max_open_tenants;
+                if lock(&shared.handles).len() + opening.len() >= max {
+                    return Err(Error::AtCapacity { max });
+                }
+                opening.entry(id.clone()).or_default().clone()
+            }
+        }
+    };
+    let turn = gate.lock().await;
+    let result = match local(shared, id) {
+        Some(found) => found,
+        None => bounded(shared, id, create).await,
+    };
+    drop(turn);
+    {
+        let mut opening = lock(&shared.opening);
+        // The last one through removes the gate; a waiter still holds a clone otherwise.
+        if Arc::strong_count(&gate) <= 2 {
+            opening.remove(id);
+        }
+    }
+    result.map_err(|error| shared.explain_down(error))
+}
+
+/// One acquisition task running, counted until it ends (even by a panic): close() waits for
+/// them.
+struct Running(Arc<Shared>);
+
+impl Running {
+    fn begin(shared: &Arc<Shared>) -> Running {
+        shared.acquiring.fetch_add(1, Ordering::AcqRel);
+        Running(shared.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.0.acquiring.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.acquired.notify_waiters();
+        }
+    }
+}
+
+/// Runs the acquisition in its own task so that a timeout (or a caller that stops waiting)
+/// cannot strand a lease: a late success finds nobody to take it and releases it.
+async fn bounded(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Arc<HandleInner>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (task_shared, task_id) = (shared.clone(), id.clone());
+    let running = Running::begin(shared);
+    let started = Instant::now();
+    tokio::spawn(
+        async move {
+            let _running = running;
+            let result = acquire(&task_shared, &task_id, create).await;
+            if let Err(Ok(late)) = tx.send(result) {
+                info!("open gave up before the lease arrived: releasing it");
+                let _ = crate::protocol::abandon::abandon(&late).await;
+            }
+        }
+        .in_current_span(),
+    );
+    let timeout = shared.options.open_timeout;
+    let outcome = match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(result)) => result,
+        // The task ended without answering (it panicked), or the bound passed.
+        Ok(Err(_)) | Err(_) => Err(Error::OpenTimeout {
+            tenant: id.clone(),
+            timeout,
+        }),
+    };
+    crate::metrics::open_finished(started.elapsed(), outcome.is_ok());
+    outcome
+}
+
+/// [`Router::wait_for`](crate::Router::wait_for): opens once the tenant is free, woken by the
+/// release's NOTIFY or, for an owner that died or stalled, at its expiry.
+pub(crate) async fn wait_for(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    timeout: Duration,
+) -> Result<Arc<HandleInner>> {
+    // Pauses between attempts are short (ttl, backoff); the cap keeps `now + pause` finite.
+    const LONGEST_PAUSE: Duration = Duration::from_secs(3600);
+    let deadline = Instant::now().checked_add(timeout);
+    let mut notices = shared.notices.subscribe();
+    let (first, max) = shared.options.reconnect_backoff;
+    let mut backoff = first;
+    loop {
+        let pause = match open(shared, id, false).await {
+            Ok(handle) => return Ok(handle),
+            Err(Error::LeaseHeld { expires_in, .. }) => {
+                expires_in.unwrap_or(shared.options.ttl) + Duration::from_millis(5)
+            }
+            Err(error) if error.is_retryable() => {
+                let pause = backoff;
+                backoff = backoff.saturating_mul(2).min(max);
+                pause
+            }
+            Err(error) => return Err(error),
+        };
+        let now = Instant::now();
+        if deadline.is_some_and(|deadline| now >= deadline) {
+            return Err(Error::OpenTimeout {
+                tenant: id.clone(),
+                timeout,
+            });
+        }
+        let wake = now + pause.min(LONGEST_PAUSE);
+        let wake = deadline.map_or(wake, |deadline| wake.min(deadline));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.into()) => break,
+                notice = notices.recv() => match notice {
+                    Ok(n) if n.channel == FREE_CHANNEL && n.payload == id.key() => break,
+                    Ok(_) => continue,
+                    // Missed some: the one we wait for may be among them.
+                    Err(broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! What one replica's router, handles and background tasks share (DESIGN §5, every protocol):
+//! the options, the data-path pool, the liveness, the handles served, the release batcher and
+//! the event channels (`Shared`); and each handle's state (`HandleInner`): serving, draining,
+//! ended, the in-flight count every voluntary end waits for, the cancel tokens `forget` and
+//! `abandon` use, and the admission check every unit of work passes ("Heartbeat": the local
+//! deadline). The two live in one file because each holds the other (a handle its router, the
+//! router its handles): split, they would be an import circle.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{broadcast, Notify};
+use tokio_postgres::types::Type;
+use tokio_postgres::CancelToken;
+
+use crate::citus::Placement;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::id::TenantId;
+use crate::lease::{Epoch, HandleState};
+use crate::options::RouterOptions;
+use crate::state::bindings::{Bindings, Mode};
+use crate::state::credentials::{millis, Credentials};
+use crate::state::data_sessions::DataSessions;
+use crate::state::liveness::{Liveness, Notice};
+use crate::state::releases::ReleaseQueue;
+use crate::state::sync::lock;
+
+/// Events buffered per subscriber before it starts missing them.
+pub(crate) const EVENT_BUFFER: usize = 1024;
+
+pub(crate) struct Shared {
+    pub(crate) options: RouterOptions,
+    pub(crate) pool: Pool,
+    pub(crate) liveness: Liveness,
+    /// `idle_in_transaction_session_timeout` for fenced transactions: one ttl, as text.
+    pub(crate) idle_timeout_ms: String,
+    pub(crate) events: broadcast::Sender<Event>,
+    pub(crate) notices: broadcast::Sender<Notice>,
+    /// Tenants served or draining here.
+    pub(crate) handles: Mutex<HashMap<TenantId, Arc<HandleInner>>>,
+    /// Releases of this router's leases, batched.
+    pub(crate) releases: ReleaseQueue,
+    /// Tenants being acquired, one gate per tenant so concurrent opens share one acquisition.
+    pub(crate) opening: Mutex<HashMap<TenantId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Acquisition tasks running (they outlive an open that timed out); close() waits for them
+    /// so that no acquisition commits after the replica deregistered.
+    pub(crate) acquiring: AtomicUsize,
+    pub(crate) acquired: Notify,
+    pub(crate) closed: AtomicBool,
+    /// Why the last re-registration failed, while the replica is not registered.
+    pub(crate) registration: Mutex<Option<RegistrationFailure>>,
+    /// The fencing in force, and why session fencing could not hold when it fell back.
+    pub(crate) fencing: Mode,
+    pub(crate) fencing_fallback: Option<String>,
+    /// Session fencing: which pooled connections are bound to which incarnation.
+    pub(crate) bindings: Bindings,
+    /// What the data path knows of each pooled connection (signal, tenant it is clean for).
+    pub(crate) data_sessions: DataSessions,
+    /// Citus or not, and where new tenant schemas go (see `citus.rs`).
+    pub(crate) placement: Placement,
+}
+
+pub(crate) struct RegistrationFailure {
+    pub(crate) message: String,
+    /// Set when only someone's action ends it: returned by opens instead of `ReplicaDown`.
+    pub(crate) lasting: Option<Error>,
+}
+
+impl Shared {
+    pub(crate) fn new(
+        options: RouterOptions,
+        pool: Pool,
+        notices: broadcast::Sender<Notice>,
+        (fencing, fencing_fallback): (Mode, Option<String>),
+    ) -> Shared {
+        let (events, _) = broadcast::channel(EVENT_BUFFER);
+        Shared {
+            idle_timeout_ms: millis(options.ttl).to_string(),
+            releases: ReleaseQueue::start(pool.clone()),
+            options,
+            pool,
+            liveness: Liveness::new(),
+            events,
+            notices,
+            handles: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
+            acquiring: AtomicUsize::new(0),
+            acquired: Notify::new(),
+            closed: AtomicBool::new(false),
+            registration: Mutex::new(None),
+            fencing,
+            fencing_fallback,
+            bindings: Bindings::default(),
+            data_sessions: DataSessions::default(),
+            placement: Placement::default(),
+        }
+    }
+
+    /// `ReplicaDown` says "registering again"; when only someone's action will end that (a
+    /// newer control plane, say), the cause itself is the truer answer.
+    pub(crate) fn explain_down(&self, error: Error) -> Error {
+        if !matches!(error, Error::ReplicaDown { .. }) {
+            return error;
+        }
+        lock(&self.registration)
+            .as_ref()
+            .and_then(|failure| failure.lasting.as_ref())
+            .and_then(Error::lasting_copy)
+            .or_else(|| self.bindings.lasting(&self.options.replica_id))
+            .unwrap_or(error)
+    }
+
+    pub(crate) fn emit(&self, event: Event) {
+        // No subscriber is not an error, and a slow one lags instead of blocking us.
+        let _ = self.events.send(event);
+    }
+
+    /// The handle of a tenant served or draining here.
+    pub(crate) fn handle(&self, id: &TenantId) -> Option<Arc<HandleInner>> {
+        lock(&self.handles).get(id).cloned()
+    }
+
+    /// Forgets a handle that ended; only the exact handle, not a newer one for the same tenant.
+    pub(crate) fn detach(&self, handle: &Arc<HandleInner>) {
+        let mut handles = lock(&self.handles);
+        if handles
+            .get(&handle.id)
+            .is_some_and(|current| Arc::ptr_eq(current, handle))
+        {
+            handles.remove(&handle.id);
+            crate::metrics::leases_held(&self.options.replica_id, handles.len());
+        }
+    }
+
+    pub(crate) fn session_fencing(&self) -> bool {
+        self.fencing == Mode::Session
+    }
+
+    /// The pool's size, for bookkeeping sized by it.
+    pub(crate) fn pool_size(&self) -> usize {
+        self.pool.status().max_size
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Refuses a handoff target that is not a registered, live replica, before anything
+    /// changes: a reservation for it would keep the tenant from everyone for the window.
+    pub(crate) async fn ensure_live_replica(&self, replica: &str) -> Result<()> {
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(crate::error::pool_error("check a handoff target"))?;
+        let alive: Option<bool> = client
+            .query_typed_opt(
+                "SELECT alive FROM pgtenant.replica_liveness WHERE replica_id = $1",
+                &[(&replica, Type::TEXT)],
+            )
+            .await
+            .and_then(|row| row.map(|row| row.try_get(0)).transpose())
+            .map_err(Error::db("check a handoff target"))?;
+        match alive {
+            Some(true) => Ok(()),
+            Some(false) => Err(Error::NoSuchReplica {
+                replica_id: replica.to_owned(),
+                message: format!("replica {replica} is registered but not alive"),
+            }),
+            None => Err(Error::NoSuchReplica {
+                replica_id: replica.to_owned(),
+                message: format!("no replica {replica} has ever registered with this database"),
+            }),
+        }
+    }
+
+    /// Waits until no acquisition task runs, or `timeout`.
+    pub(crate) async fn acquisitions_done(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, async {
+            loop {
+                let done = self.acquired.notified();
+                if self.acquiring.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                done.await;
+            }
+        })
+        .await;
+    }
+
+    /// Every lease of the current incarnation is gone for good.
+    pub(crate) fn lose_incarnation(&self, reason: &str) {
+        self.liveness.end();
+        let lost: Vec<Arc<HandleInner>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
+        crate::metrics::leases_held(&self.options.replica_id, 0);
+        for handle in lost {
+            handle.mark_lost(reason);
+        }
+    }
+}
+
+pub(crate) struct HandleInner {
+    pub(crate) id: TenantId,
+    pub(crate) epoch: Epoch,
+    /// What the incarnation that holds this lease presents to the control plane.
+    pub(crate) credentials: Arc<Credentials>,
+    /// The tenant's fence lock key (`pgtenant.tenants.lock_key`).
+    pub(crate) lock_key: i32,
+    /// The version this tenure's open migrated from, when it ran migrations.
+    pub(crate) migrated_from: Option<i64>,
+    /// Whether this tenure began by creating the tenant.
+    pub(crate) created: bool,
+    pub(crate) schema: String,
+    /// The tenant's key (`organization/ledger`), shared with the data path's bookkeeping.
+    pub(crate) key: Arc<str>,
+    /// `search_path` as the pin sets it: the schema, then `pg_temp` explicitly last (G6).
+    pub(crate) search_path: String,
+    state: AtomicU8,
+    /// Held while work is admitted (state checked, in-flight count raised) and while the state
+    /// changes: a voluntary end that moved the state and then found nothing in flight cannot
+    /// miss work admitted a moment before (session fencing has no fence to stop it later).
+    gate: Mutex<()>,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    /// Woken when the tenure ends (released, handed off, lost, forgotten).
+    ended: Notify,
+    /// Cancel tokens (and, under session fencing, backend pids) of the transactions in
+    /// flight: `forget(ActiveWork::Cancel)` cancels them, `abandon` terminates them.
+    cancels: Mutex<Vec<(u64, CancelToken, Option<i32>)>>,
+    next_work: AtomicU64,
+    pub(crate) router: Arc<Shared>,
+}
+
+/// What [`TenantHandle::forget`](crate::TenantHandle::forget) does with work in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActiveWork {
+    /// Refuse to forget while work is in flight ([`Error::Busy`]).
+    Refuse,
+    /// Stop taking work and wait for the work in flight, up to the drain timeout.
+    Drain,
+    /// Cancel the statements in flight (PostgreSQL cancel requests), then wait for the work to
+    /// end, up to the drain timeout.
+    Cancel,
+}
+
+/// A lease just acquired: what a handle is made of.
+pub(crate) struct Acquired {
+    pub(crate) epoch: Epoch,
+    pub(crate) credentials: Arc<Credentials>,
+    pub(crate) lock_key: i32,
+    pub(crate) migrated_from: Option<i64>,
+    pub(crate) schema: String,
+    pub(crate) created: bool,
+}
+
+impl HandleInner {
+    pub(crate) fn new(id: TenantId, lease: Acquired, router: Arc<Shared>) -> Self {
+        HandleInner {
+            key: Arc::from(id.key()),
+            search_path: format!("{}, pg_temp", lease.schema),
+            id,
+            epoch: lease.epoch,
+            credentials: lease.credentials,
+            lock_key: lease.lock_key,
+            migrated_from: lease.migrated_from,
+            created: lease.created,
+            schema: lease.schema,
+            state: AtomicU8::new(HandleState::Serving.to_u8()),
+            gate: Mutex::new(()),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            ended: Notify::new(),
+            cancels: Mutex::new(Vec::new()),
+            next_work: AtomicU64::new(0),
+            router,
+        }
+    }
+
+    pub(crate) fn state(&self) -> HandleState {
+        HandleState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn is_serving(&self) -> bool {
+        self.state() == HandleState::Serving
+            && self.router.liveness.incarnation() == Some(self.credentials.incarnation)
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    fn lock_gate(&self) -> MutexGuard<'_, ()> {
+        self.gate
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Moves `from` → `to`; false when the handle was not in `from`.
+    pub(crate) fn transition(&self, from: HandleState, to: HandleState) -> bool {
+        let moved = {
+            let _gate = self.lock_gate();
+            self.state
+                .compare_exchange(
+                    from.to_u8(),
+                    to.to_u8(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+        };
+        if moved && to.is_ended() {
+            self.ended.notify_waiters();
+        }
+        moved
+    }
+
+    /// Waits until the tenure has ended, or `timeout`; true when it ended.
+    pub(crate) async fn wait_ended(&self, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, async {
+            loop {
+                let notified = self.ended.notified();
+                if self.state().is_ended() {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
+    /// Waits until no work is in flight.
+    pub(crate) async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Ends the tenure for good, once; reports it.
+    pub(crate) fn mark_lost(self: &Arc<Self>, reason: &str) {
+        if self.transition(HandleState::Serving, HandleState::Lost)
+            || self.transition(HandleState::Draining, HandleState::Lost)
+        {
+            tracing::warn!(tenant = %self.id, epoch = %self.epoch, reason, "lease lost");
+            crate::metrics::lease_lost();
+            self.router.detach(self);
+            self.router.emit(Event::Lost {
+                tenant: self.id.clone(),
+                epoch: self.epoch,
+                reason: reason.to_owned(),
+            });
+        }
+    }
+
+    pub(crate) fn lease_lost(&self, reason: &'static str) -> Error {
+        Error::LeaseLost {
+            tenant: self.id.clone(),
+            epoch: self.epoch,
+            reason,
+        }
+    }
+
+    /// Whether new work may start: the tenure is on, the incarnation current, and the local
+    /// deadline not passed.
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<()> {
+        let refusal = {
+            let _gate = self.lock_gate();
+            self.admission()
+        };
+        refusal.map_err(|refusal| self.refuse(refusal))
+    }
+
+    /// Admits one unit of work and counts it in flight, atomically with respect to the state's
+    /// changes (see `gate`).
+    pub(crate) fn begin_work(self: &Arc<Self>) -> Result<InFlight> {
+        let refusal = {
+            let _gate = self.lock_gate();
+            match self.admission() {
+                Ok(()) => return Ok(InFlight::enter(self)),
+                Err(refusal) => refusal,
+            }
+        };
+        Err(self.refuse(refusal))
+    }
+
+    /// After work registered its backend (session fencing), whether an `abandon` ended the
+    /// tenure meanwhile: it terminates the backends it finds registered, so work registered
+    /// after it must stop here (the cancel registry's lock orders the two).
+    pub(crate) fn still_admitted(&self) -> Result<()> {
+        match self.state() {
+            HandleState::Serving | HandleState::Draining => Ok(()),
+            HandleState::Released => Err(self.lease_lost("released")),
+            HandleState::Lost => Err(self.lease_lost("lost")),
+            HandleState::Forgotten => Err(self.lease_lost("forgotten")),
+        }
+    }
+
+    fn admission(&self) -> std::result::Result<(), Refusal> {
+        match self.state() {
+            HandleState::Serving => {}
+            HandleState::Draining => return Err(Refusal::Draining),
+            HandleState::Released => return Err(Refusal::Ended("released")),
+            HandleState::Lost => return Err(Refusal::Ended("lost")),
+            HandleState::Forgotten => return Err(Refusal::Ended("forgotten")),
+        }
+        if self.router.liveness.incarnation() != Some(self.credentials.incarnation) {
+            return Err(Refusal::IncarnationGone);
+        }
+        if !self.router.liveness.within_deadline() {
+            return Err(Refusal::Expired);
+        }
+        Ok(())
+    }
+
+    fn refuse(self: &Arc<Self>, refusal: Refusal) -> Error {
+        match refusal {
+            Refusal::Draining => Error::Draining {
+                tenant: self.id.clone(),
+            },
+            Refusal::Ended(reason) => self.lease_lost(reason),
+            Refusal::IncarnationGone => {
+                self.mark_lost("the replica lost its incarnation");
+                self.lease_lost("lost")
+            }
+            Refusal::Expired => Error::ExpiredLocally {
+                tenant: self.id.clone(),
+                epoch: self.epoch,
+            },
+        }
+    }
+
+    /// A refusal of this handle's epoch by the database ends the tenure.
+    pub(crate) fn refused(
+        self: &Arc<Self>,
+        error: tokio_postgres::Error,
+        doing: &'static str,
+    ) -> Error {
+        let scope = crate::refusal::Scope {
+            doing,
+            tenant: Some(&self.id),
+            epoch: self.epoch,
+            replica: &self.credentials.replica,
+        };
+        let error = crate::refusal::map(error, &scope);
+        match &error {
+            Error::Fenced { .. } => {
+                crate::metrics::fence_refused();
+                self.mark_lost("fenced");
+            }
+            Error::Forgotten { .. } => self.mark_lost("forgotten"),
+            _ => {}
+        }
+        error
+    }
+
+    /// The backends of the work in flight, where known (session fencing).
+    pub(crate) fn backends_in_flight(&self) -> Vec<i32> {
+        self.lock_cancels()
+            .iter()
+            .filter_map(|(_, _, pid)| *pid)
+            .collect()
+    }
+
+    pub(crate) fn lock_cancels(&self) -> MutexGuard<'_, Vec<(u64, CancelToken, Option<i32>)>> {
+        self.cancels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Why work was not admitted.
+enum Refusal {
+    Draining,
+    Ended(&'static str),
+    IncarnationGone,
+    Expired,
+}
+
+/// Counts one unit of in-flight work; the count drops even when the work is cancelled.
+pub(crate) struct InFlight {
+    handle: Arc<HandleInner>,
+}
+
+impl InFlight {
+    fn enter(handle: &Arc<HandleInner>) -> Self {
+        handle.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight {
+            handle: handle.clone(),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.handle.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.handle.idle.notify_waiters();
+        }
+    }
+}
+
+/// Keeps a transaction's cancel token reachable by `forget(ActiveWork::Cancel)` while it runs.
+pub(crate) struct CancelOnForget {
+    handle: Arc<HandleInner>,
+    work: u64,
+}
+
+impl CancelOnForget {
+    pub(crate) fn register(
+        handle: &Arc<HandleInner>,
+        token: CancelToken,
+        pid: Option<i32>,
+    ) -> Self {
+        let work = handle.next_work.fetch_add(1, Ordering::Relaxed);
+        handle.lock_cancels().push((work, token, pid));
+        CancelOnForget {
+            handle: handle.clone(),
+            work,
+        }
+    }
+}
+
+impl Drop for CancelOnForget {
+    fn drop(&mut self) {
+        let work = self.work;
+        self.handle.lock_cancels().retain(|(w, _, _)| *w != work);
+    }
+}
