@@ -94,9 +94,13 @@ pub(crate) struct Status {
     pub control_plane_version: i64,
     /// The newest control-plane version this pgtenant knows.
     pub supported_version: i64,
+    /// `pgtenant.fleet_status`; null on a control plane older than version 10.
+    pub fleet: Option<pgtenant::admin::FleetStatus>,
     pub replicas: Vec<Replica>,
-    /// The same records as `pgtenant tenants --json`, all of them.
+    /// The first `--limit` tenants by key, the same records as `pgtenant tenants --json`.
     pub tenants: Vec<pgtenant::admin::TenantRecord>,
+    /// Pass as `pgtenant tenants --after` for the rest; null when every tenant is above.
+    pub next_after: Option<pgtenant::TenantId>,
 }
 
 /// One row of `pgtenant.replica_status`.

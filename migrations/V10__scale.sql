@@ -1,0 +1,209 @@
+-- pgtenant control plane, version 10: status at 100 000 tenants (issue 21, docs/scale.md).
+--
+-- Measured on PostgreSQL 15 (2 cores) with 100 000 tenant rows and 100 replica rows, each
+-- replica holding 1 000 tenants (examples/bench_scale.rs has the full table):
+--
+-- * replica_status counted each replica's tenants with a correlated subquery, one index scan
+--   of `tenants_owner` per replica row. On a freshly vacuumed table that is an index-only scan
+--   (11-16 ms); once acquisitions have cleared the visibility map, each of the 100 scans is a
+--   bitmap heap scan over ~2 900 of the table's pages: 267-278 ms (BENCHMARKS.md saw 540-590 ms
+--   after bench_leases). It now counts every replica's tenants in one grouped pass over the
+--   table, joined to the replica rows: 25-40 ms whatever the visibility map says.
+-- * lease_status sorts by tenant inside the view, so PostgreSQL cannot flatten it into a
+--   query: every join, aggregate or ORDER BY ... LIMIT over it first sorted all 100 000 rows
+--   (an external merge sort at the default work_mem): `pgtenant tenants` (a page of 100) took
+--   124 ms, a count by state 138 ms. `pgtenant.lease_rows` is the same rows unordered, which
+--   the planner flattens (a page: 1.4 ms, the count by state: 34 ms); lease_status is now
+--   lease_rows ordered by tenant, with the same columns, so psql readers see what they saw.
+-- * `pgtenant.fleet_status`: what a fleet operator asks first, in one row and one query
+--   (tenants per state, behind on migrations, quarantined, trashed, the sweep's backlog).
+--
+-- Same signatures throughout: replicas of V8 keep running across the upgrade.
+
+-- ---------------------------------------------------------------------------------------
+-- replica_status: one grouped count instead of one correlated count per replica row.
+-- ---------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION pgtenant.replica_status_rows()
+RETURNS TABLE (replica_id text, alive boolean, lock_held boolean, incarnation bigint,
+               tenants_held bigint, expires_in interval, backend_pid integer, host text,
+               started_at timestamptz, released_at timestamptz, sessions bigint, sealed_at timestamptz,
+               state text)
+LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET search_path = pg_catalog, pgtenant AS $$
+WITH held AS (
+    -- One pass over the tenants, whichever replica holds them; a correlated count per replica
+    -- re-reads the table's pages once per replica when the visibility map is not fresh.
+    SELECT t.owner, t.owner_incarnation, count(*) AS tenants
+      FROM pgtenant.tenants t
+     WHERE t.owner IS NOT NULL
+     GROUP BY t.owner, t.owner_incarnation
+), bound AS (
+    SELECT b.replica_id, b.incarnation, count(*) AS sessions
+      FROM pgtenant.sessions b
+     GROUP BY b.replica_id, b.incarnation
+)
+SELECT r.replica_id,
+       l.alive,
+       l.lock_held,
+       r.incarnation,
+       coalesce(h.tenants, 0),
+       CASE WHEN l.alive THEN date_trunc('milliseconds', r.expires_at - now()) END,
+       r.backend_pid,
+       r.host,
+       r.started_at,
+       r.released_at,
+       coalesce(b.sessions, 0),
+       s.sealed_at,
+       CASE WHEN r.released_at IS NOT NULL THEN 'released'
+            WHEN s.sealed_at IS NOT NULL THEN 'sealed'
+            WHEN l.alive THEN 'alive'
+            WHEN NOT l.lock_held THEN 'lease session gone'
+            ELSE 'expired' END
+FROM pgtenant.replicas r
+JOIN pgtenant.replica_liveness l USING (replica_id)
+LEFT JOIN held h ON h.owner = r.replica_id AND h.owner_incarnation = r.incarnation
+LEFT JOIN bound b ON b.replica_id = r.replica_id AND b.incarnation = r.incarnation
+LEFT JOIN pgtenant.seals s ON s.replica_id = r.replica_id AND s.incarnation = r.incarnation
+ORDER BY r.replica_id
+$$;
+
+-- ---------------------------------------------------------------------------------------
+-- lease_rows (unordered) and lease_status (the same rows by tenant).
+-- ---------------------------------------------------------------------------------------
+CREATE VIEW pgtenant.lease_rows AS
+SELECT t.key AS tenant,
+       CASE
+           WHEN t.schema_name IS NULL AND t.forgotten_at_epoch > 0 THEN 'forgotten'
+           WHEN t.quarantine_cause IS NOT NULL THEN 'quarantined'
+           WHEN t.owner IS NULL AND t.reserved_until > now() THEN 'reserved'
+           WHEN t.owner IS NULL THEN 'free'
+           WHEN l.alive AND l.incarnation = t.owner_incarnation THEN 'held'
+           WHEN l.lock_held AND l.incarnation = t.owner_incarnation THEN 'stalled'
+           ELSE 'expired'
+       END AS state,
+       t.owner,
+       t.epoch,
+       CASE WHEN t.owner IS NOT NULL
+            THEN coalesce(l.alive AND l.incarnation = t.owner_incarnation, false) END AS owner_alive,
+       CASE WHEN t.owner IS NOT NULL AND l.incarnation = t.owner_incarnation
+            THEN greatest(interval '0', date_trunc('milliseconds', l.expires_at - now())) END AS expires_in,
+       t.schema_name AS schema,
+       t.schema_version AS version,
+       t.quarantine_cause,
+       t.quarantine_repair,
+       t.reserved_for,
+       t.acquired_at,
+       t.created_at,
+       t.forgotten_at_epoch,
+       t.quarantined_at
+FROM pgtenant.tenants t
+LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner;
+COMMENT ON VIEW pgtenant.lease_rows IS
+    'One row per tenant, unordered: lease_status without its ORDER BY, for queries that filter, count or page (WHERE, GROUP BY, ORDER BY tenant LIMIT n); lease_status sorts every tenant first.';
+
+CREATE OR REPLACE VIEW pgtenant.lease_status AS
+SELECT tenant, state, owner, epoch, owner_alive, expires_in, schema, version, quarantine_cause,
+       quarantine_repair, reserved_for, acquired_at, created_at
+  FROM pgtenant.lease_rows
+ ORDER BY tenant;
+
+-- The states an operator looks for are rare among 100 000 tenants: without these, a page of
+-- them (`pgtenant tenants --quarantined`, `--state forgotten`) reads every tenant in key order
+-- to find none. Partial: only the rows in that state are indexed.
+CREATE INDEX tenants_quarantined ON pgtenant.tenants (key) WHERE quarantine_cause IS NOT NULL;
+CREATE INDEX tenants_forgotten ON pgtenant.tenants (key) WHERE schema_name IS NULL;
+-- The sweep and fleet_status read the unswept trash; swept rows stay (the journal of what went).
+CREATE INDEX trash_unswept ON pgtenant.trash (trashed_at) WHERE swept_at IS NULL;
+
+-- ---------------------------------------------------------------------------------------
+-- fleet_status: one row, one query.
+-- ---------------------------------------------------------------------------------------
+-- Tenants by state (as lease_status says it), migrations (newest version, how many live
+-- tenants are below it, how many at each version), the trash and the sweep's backlog, given
+-- the sweep's retention in milliseconds. Computed with the owner's rights (the trash is not
+-- the application's to read; only counts leave).
+CREATE FUNCTION pgtenant.fleet_status_rows(p_retention_ms bigint)
+RETURNS TABLE (tenants bigint, live bigint, held bigint, stalled bigint, expired bigint, free bigint,
+               reserved bigint, quarantined bigint, forgotten bigint,
+               newest_version integer, behind bigint, versions jsonb,
+               trashed bigint, trash_due bigint, oldest_trashed_at timestamptz, orphan_schemas bigint,
+               replicas bigint, replicas_alive bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET search_path = pg_catalog, pgtenant AS $$
+WITH per_state AS (
+    SELECT s.state, s.version, s.schema IS NOT NULL AS live, count(*) AS n
+      FROM pgtenant.lease_rows s
+     GROUP BY 1, 2, 3
+), newest AS (
+    SELECT max(p.version) AS version FROM per_state p WHERE p.live
+), trash AS (
+    SELECT count(*) AS n,
+           count(*) FILTER (WHERE x.trashed_at < now() - p_retention_ms * interval '1 millisecond') AS due,
+           min(x.trashed_at) AS oldest
+      FROM pgtenant.trash x
+     WHERE x.swept_at IS NULL
+), orphans AS (
+    -- The sweep's own test (src/admin/sweep.rs): tenant-shaped schemas outside the trash that
+    -- no tenant names as its live schema (masked ones it drops, unknown ones it reports). The
+    -- anti-join first, the regular expression only on what is left.
+    SELECT count(*) AS n
+      FROM (SELECT n.nspname FROM pg_namespace n
+             WHERE n.nspname LIKE 't\_%'
+               AND NOT EXISTS (SELECT 1 FROM pgtenant.tenants t WHERE t.schema_name = n.nspname)
+            OFFSET 0) o
+     WHERE o.nspname ~ '^t_[a-z0-9_]+_[0-9]+_[0-9a-f]{10}$'
+), replicas AS (
+    SELECT count(*) AS n, count(*) FILTER (WHERE l.alive) AS alive FROM pgtenant.replica_liveness l
+)
+SELECT coalesce(sum(p.n), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.live), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'held'), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'stalled'), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'expired'), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'free'), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'reserved'), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'quarantined'), 0)::bigint,
+       coalesce(sum(p.n) FILTER (WHERE p.state = 'forgotten'), 0)::bigint,
+       (SELECT v.version FROM newest v),
+       coalesce(sum(p.n) FILTER (WHERE p.live AND p.state <> 'quarantined'
+                                   AND p.version < (SELECT v.version FROM newest v)), 0)::bigint,
+       coalesce((SELECT jsonb_object_agg(q.version::text, q.n ORDER BY q.version)
+                   FROM (SELECT p2.version, sum(p2.n)::bigint AS n FROM per_state p2
+                          WHERE p2.live GROUP BY p2.version) q), '{}'::jsonb),
+       (SELECT x.n FROM trash x),
+       (SELECT x.due FROM trash x),
+       (SELECT x.oldest FROM trash x),
+       (SELECT o.n FROM orphans o),
+       (SELECT r.n FROM replicas r),
+       (SELECT r.alive FROM replicas r)
+  FROM per_state p
+$$;
+REVOKE ALL ON FUNCTION pgtenant.fleet_status_rows(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgtenant.fleet_status_rows(bigint) TO PUBLIC;
+
+-- The sweep's default retention (SweepOptions::default, `pgtenant sweep`): 7 days. Another
+-- retention: SELECT * FROM pgtenant.fleet_status_rows(<milliseconds>).
+CREATE VIEW pgtenant.fleet_status AS
+SELECT * FROM pgtenant.fleet_status_rows(7 * 24 * 3600 * 1000::bigint);
+COMMENT ON VIEW pgtenant.fleet_status IS
+    'The fleet in one row: tenants per state (as lease_status), migrations (newest version, live tenants behind it, tenants per version), quarantined, the unswept trash and what the sweep (7-day retention) would do now; fleet_status_rows(retention_ms) for another retention.';
+REVOKE ALL ON pgtenant.lease_rows, pgtenant.fleet_status FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------
+-- Grants: the roles that read lease_status read the new views too.
+-- ---------------------------------------------------------------------------------------
+-- The grants of the previous version stay as they are (renamed, called first): whatever an
+-- earlier migration made grant_roles grant, it still grants.
+ALTER FUNCTION pgtenant.grant_roles(name, name) RENAME TO grant_roles_before_v10;
+CREATE FUNCTION pgtenant.grant_roles(p_app name, p_operator name) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant AS $$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v10(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status TO %I', p_operator);
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtenant.grant_roles_before_v10(name, name) FROM PUBLIC;
+SELECT pgtenant.grant_roles(c.app_role, c.operator_role) FROM pgtenant.config c;
