@@ -175,6 +175,10 @@ pub(crate) struct Sweep {
     /// Keep trashed schemas younger than this (they can still be restored), e.g. 7d, 12h, 0s
     #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = duration::retention)]
     pub retention: Duration,
+    /// Drop nothing: show what a sweep with this retention would do now (trashed schemas due
+    /// and kept, orphan schemas), from the view pgtenant.sweep_backlog
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub output: Json,
 }

@@ -172,7 +172,12 @@ fn record(row: &tokio_postgres::Row) -> Result<TenantRecord> {
 /// can serve it (a filter written `($1 IS NULL OR …)` hides it from the planner), and each
 /// state also by the columns that decide it, so a rare state is found through its partial
 /// index instead of a walk over every tenant. Returns the clause and the parameters' values.
-fn filters(query: &TenantQuery) -> (String, Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>) {
+fn filters(
+    query: &TenantQuery,
+) -> (
+    String,
+    Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
+) {
     let mut clauses: Vec<String> = Vec::new();
     let mut params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = Vec::new();
     let mut param = |value: Box<dyn tokio_postgres::types::ToSql + Sync + Send>| {
@@ -324,8 +329,8 @@ pub async fn clear_quarantine(
 }
 
 /// The fleet at a glance, from `pgtenant.fleet_status_rows` (control plane 10 on): one query,
-/// one row. At 100 000 tenants and 100 replicas it takes about 30 ms (docs/scale.md): one pass
-/// over the tenants, one over the unswept trash and one over `pg_namespace`.
+/// one row. At 100 000 tenants held by 100 replicas it takes about 30 ms (docs/scale.md): one
+/// pass over the tenants and one over the unswept trash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct FleetStatus {
@@ -349,9 +354,6 @@ pub struct FleetStatus {
     pub trash_due: i64,
     /// When the oldest of them was trashed (UTC, RFC 3339).
     pub oldest_trashed_at: Option<String>,
-    /// Tenant-shaped schemas outside the trash that no tenant names as its live schema: the
-    /// sweep drops those of a forgotten epoch and reports the others as unknown.
-    pub orphan_schemas: i64,
     /// Replica rows in `pgtenant.replicas`.
     pub replicas: i64,
     /// Of those, the live ones.
@@ -362,12 +364,6 @@ impl FleetStatus {
     /// How many tenants are in `state` now.
     pub fn count(&self, state: TenantState) -> i64 {
         self.states.get(state.as_str()).copied().unwrap_or(0)
-    }
-
-    /// The sweep's backlog: trashed schemas past retention plus orphan schemas (masked ones
-    /// are dropped; unknown ones, also counted here, are reported and left alone).
-    pub fn sweep_backlog(&self) -> i64 {
-        self.trash_due + self.orphan_schemas
     }
 }
 
@@ -383,32 +379,17 @@ pub async fn fleet_status(
     client: &impl GenericClient,
     retention: std::time::Duration,
 ) -> Result<FleetStatus> {
-    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    let row = match client
-        .query_one(
-            "SELECT tenants, live, held, stalled, expired, free, reserved, quarantined, forgotten,
-                    newest_version, behind, versions::text, trashed, trash_due,
-                    to_char(oldest_trashed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-                    orphan_schemas, replicas, replicas_alive
-               FROM pgtenant.fleet_status_rows($1)",
-            &[&retention_ms],
-        )
-        .await
-    {
-        Ok(row) => row,
-        Err(error)
-            if matches!(
-                crate::sqlstate::of(&error),
-                Some(UNDEFINED_FUNCTION | UNDEFINED_TABLE | "3F000")
-            ) =>
-        {
-            return Err(Error::ControlPlaneOutdated {
-                found: version_of(client).await?,
-                needed: LEASE_ROWS_VERSION,
-            });
-        }
-        Err(error) => return Err(Error::db("read pgtenant.fleet_status")(error)),
-    };
+    let row = query_v10(
+        client,
+        "SELECT tenants, live, held, stalled, expired, free, reserved, quarantined, forgotten,
+                newest_version, behind, versions::text, trashed, trash_due,
+                to_char(oldest_trashed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                replicas, replicas_alive
+           FROM pgtenant.fleet_status_rows($1)",
+        retention,
+        "read pgtenant.fleet_status",
+    )
+    .await?;
     let read = || Error::db("read pgtenant.fleet_status");
     let get_i64 = |i: usize| row.try_get::<_, i64>(i).map_err(read());
     let mut states = BTreeMap::new();
@@ -439,11 +420,84 @@ pub async fn fleet_status(
         trashed: get_i64(12)?,
         trash_due: get_i64(13)?,
         oldest_trashed_at: row.try_get(14).map_err(read())?,
-        orphan_schemas: get_i64(15)?,
-        replicas: get_i64(16)?,
-        replicas_alive: get_i64(17)?,
+        replicas: get_i64(15)?,
+        replicas_alive: get_i64(16)?,
     })
 }
+
+/// What the next [`sweep`] would do, from `pgtenant.sweep_backlog_rows` (control plane 10 on):
+/// one query, nothing changed. Slower than [`fleet_status`] (it reads every schema name and
+/// every tenant's: 70-120 ms at 100 000 tenants, docs/scale.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SweepBacklog {
+    /// Trashed schemas past the retention: the next sweep drops them.
+    pub trash_due: i64,
+    /// Trashed schemas within the retention: kept (restorable).
+    pub trash_kept: i64,
+    /// When the oldest schema due was trashed (UTC, RFC 3339).
+    pub oldest_due_at: Option<String>,
+    /// Tenant-shaped schemas outside the trash that no tenant names as its live schema: the
+    /// sweep drops those of a forgotten epoch and reports the others as unknown. None in normal
+    /// operation (a creation is one transaction).
+    pub orphan_schemas: i64,
+}
+
+/// The sweep's backlog in one query ([`SweepBacklog`]) for a sweep with this retention.
+///
+/// # Errors
+/// [`Error::ControlPlaneOutdated`] on a control plane older than version 10; database errors.
+pub async fn sweep_backlog(
+    client: &impl GenericClient,
+    retention: std::time::Duration,
+) -> Result<SweepBacklog> {
+    let row = query_v10(
+        client,
+        "SELECT trash_due, trash_kept,
+                to_char(oldest_due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                orphan_schemas
+           FROM pgtenant.sweep_backlog_rows($1)",
+        retention,
+        "read pgtenant.sweep_backlog",
+    )
+    .await?;
+    let read = || Error::db("read pgtenant.sweep_backlog");
+    Ok(SweepBacklog {
+        trash_due: row.try_get(0).map_err(read())?,
+        trash_kept: row.try_get(1).map_err(read())?,
+        oldest_due_at: row.try_get(2).map_err(read())?,
+        orphan_schemas: row.try_get(3).map_err(read())?,
+    })
+}
+
+/// One row of a function control plane 10 brought, called with a retention in milliseconds;
+/// on an older control plane, [`Error::ControlPlaneOutdated`].
+async fn query_v10(
+    client: &impl GenericClient,
+    sql: &str,
+    retention: std::time::Duration,
+    context: &'static str,
+) -> Result<tokio_postgres::Row> {
+    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    match client.query_one(sql, &[&retention_ms]).await {
+        Ok(row) => Ok(row),
+        Err(error)
+            if matches!(
+                crate::sqlstate::of(&error),
+                Some(UNDEFINED_FUNCTION | UNDEFINED_TABLE | INVALID_SCHEMA_NAME)
+            ) =>
+        {
+            Err(Error::ControlPlaneOutdated {
+                found: version_of(client).await?,
+                needed: LEASE_ROWS_VERSION,
+            })
+        }
+        Err(error) => Err(Error::db(context)(error)),
+    }
+}
+
+/// SQLSTATE 3F000: the schema named does not exist (no control plane at all).
+const INVALID_SCHEMA_NAME: &str = "3F000";
 
 /// The control plane's version, as [`control_plane_version`] reads it, on any client.
 async fn version_of(client: &impl GenericClient) -> Result<i64> {
