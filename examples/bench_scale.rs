@@ -55,6 +55,7 @@ use tokio::task::JoinSet;
 
 const COMMAND: &str = "cargo run --release --example bench_scale";
 const REPORT_PATH: &str = "/tmp/bench_scale.md";
+const CITUS_REPORT_PATH: &str = "/tmp/bench_scale_citus.md";
 
 /// Every tenant's schema: five tables, two indexes besides the primary keys, a sequence.
 const BASE_MIGRATIONS: [(&str, &str); 3] = [
@@ -138,6 +139,8 @@ struct Config {
     status_samples: usize,
     memory_ks: Vec<usize>,
     recycle: Option<usize>,
+    /// `--citus N`: only part 8, N tenants on a Citus coordinator and two workers.
+    citus: Option<usize>,
 }
 
 fn full() -> Config {
@@ -160,6 +163,7 @@ fn full() -> Config {
         status_samples: 30,
         memory_ks: vec![100, 1_000, 10_000],
         recycle: None,
+        citus: None,
     }
 }
 
@@ -203,6 +207,13 @@ fn parse_args() -> Config {
                     "--sizes: at least 10 tenants"
                 );
             }
+            "--citus" => {
+                i += 1;
+                let n = args.get(i).expect("--citus takes a number of tenants");
+                let n: usize = n.parse().expect("--citus: a whole number");
+                assert!(n >= 40, "--citus: at least 40 tenants");
+                cfg.citus = Some(n);
+            }
             "--recycle" => {
                 i += 1;
                 let n = args.get(i).expect("--recycle takes a number of tenants");
@@ -229,7 +240,11 @@ fn tenant(i: usize) -> TenantId {
 /// `count` distinct indexes below `size`, spread over it (a stride coprime with every size).
 fn spread(size: usize, count: usize, offset: usize) -> Vec<usize> {
     const STRIDE: usize = 7_919;
-    let stride = if size % STRIDE == 0 { 1 } else { STRIDE };
+    let stride = if size.is_multiple_of(STRIDE) {
+        1
+    } else {
+        STRIDE
+    };
     (0..count.min(size))
         .map(|k| (offset + k * stride) % size)
         .collect()
@@ -352,6 +367,13 @@ struct MemoryRow {
 #[tokio::main]
 async fn main() {
     let cfg = parse_args();
+    if let Some(n) = cfg.citus {
+        let report = citus(&cfg, n).await;
+        println!("{report}");
+        std::fs::write(CITUS_REPORT_PATH, &report).expect("write the report");
+        eprintln!("[bench] report written to {CITUS_REPORT_PATH}");
+        return;
+    }
     let started = Instant::now();
     let (db, admin) = fresh_database().await;
     let url = db.url().to_owned();
@@ -675,7 +697,7 @@ async fn migrate(url: &str, size: usize, extra: usize, cfg: &Config, r: &mut Siz
     let results = router
         .migrate_all(cfg.migrate_lanes, |_| {
             let n = done.fetch_add(1, Ordering::Relaxed) + 1;
-            if n % 10_000 == 0 {
+            if n.is_multiple_of(10_000) {
                 eprintln!("[bench]     migrated {n}");
             }
         })
@@ -1327,6 +1349,197 @@ async fn read_memory(router: &Router, k: usize, pids: &mut Vec<i32>) -> MemoryRo
 }
 
 // ---------------------------------------------------------------------------------------
+// 8. Citus
+// ---------------------------------------------------------------------------------------
+
+/// A row of part 8's table: its label, how to read it off a node, decimals per tenant.
+type Metric<'a> = (&'a str, &'a dyn Fn(&NodeSizes) -> f64, usize);
+
+/// One node's catalog, and on the coordinator Citus's metadata and the control plane.
+struct NodeSizes {
+    catalog: Catalog,
+    /// pg_dist_partition, pg_dist_shard, pg_dist_placement, pg_dist_schema rows.
+    citus_rows: [i64; 4],
+    control_plane_bytes: i64,
+}
+
+async fn node_sizes(client: &Client) -> NodeSizes {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_dist_partition), (SELECT count(*) FROM pg_dist_shard),
+                    (SELECT count(*) FROM pg_dist_placement), (SELECT count(*) FROM pg_dist_schema),
+                    coalesce((SELECT sum(pg_total_relation_size(c.oid))::bigint FROM pg_class c
+                               WHERE c.relnamespace = to_regnamespace('pgtenant') AND c.relkind = 'r'), 0)",
+            &[],
+        )
+        .await
+        .expect("citus metadata");
+    NodeSizes {
+        catalog: catalog(client).await,
+        citus_rows: [row.get(0), row.get(1), row.get(2), row.get(3)],
+        control_plane_bytes: row.get(4),
+    }
+}
+
+/// Part 8: `n` tenants (in two steps, a quarter then all) on a Citus coordinator and two
+/// workers of the test kit, on this machine: every tenant schema a distributed schema (the
+/// default with Citus). What each node holds per tenant, and a coordinator data connection's
+/// memory after it served tenants.
+async fn citus(cfg: &Config, n: usize) -> String {
+    let t0 = Instant::now();
+    let cluster = Arc::new(
+        pgtenant_testkit::CitusCluster::start(2)
+            .await
+            .expect("a Citus cluster (bash ../shared/scripts/install-citus.sh)"),
+    );
+    let db = cluster.create_database().await.expect("a Citus database");
+    let url = db.url().to_owned();
+    let mut admin = db.connect().await.expect("connect");
+    pgtenant::setup(&mut admin).await.expect("setup");
+    let server = server_info(&admin).await;
+    let mut workers = Vec::new();
+    for port in cluster.worker_ports() {
+        workers.push(
+            connect(&format!(
+                "postgres://postgres@127.0.0.1:{port}/{}",
+                db.name()
+            ))
+            .await,
+        );
+    }
+    let steps = [n / 4, n];
+    let mut rows: Vec<(usize, f64, Vec<NodeSizes>)> = Vec::new();
+    let mut have = 0;
+    for step in steps {
+        eprintln!("[bench] citus: creating tenants {have}..{step}");
+        let (wall, _) = create_range(&url, have..step, 0, cfg).await;
+        let rate = per_s(step - have, wall);
+        have = step;
+        let mut nodes = vec![node_sizes(&admin).await];
+        for worker in &workers {
+            nodes.push(node_sizes(worker).await);
+        }
+        rows.push((step, rate, nodes));
+    }
+    eprintln!("[bench] citus: coordinator memory");
+    let k = cfg
+        .memory_ks
+        .iter()
+        .copied()
+        .filter(|k| *k <= n)
+        .max()
+        .unwrap_or(100)
+        .min(n);
+    let router = start(memory_options(&url, 0, None)).await;
+    let mut pids = Vec::new();
+    let before = read_memory(&router, 0, &mut pids).await;
+    for i in spread(n, k, 5) {
+        let handle = router.open(&tenant(i)).await.expect("open");
+        work(&handle).await;
+        handle.release().await.expect("release");
+    }
+    let after = read_memory(&router, k, &mut pids).await;
+    router.close().await;
+
+    let mut out = String::new();
+    let w = &mut out;
+    let _ = writeln!(
+        w,
+        "## 8. On Citus: {n} tenants, a coordinator and two workers\n"
+    );
+    let _ = writeln!(
+        w,
+        "- Command: `{COMMAND} -- --citus {n}`; {}; {}; wall {:.0} s\n",
+        server.pg_version,
+        server.date,
+        t0.elapsed().as_secs_f64()
+    );
+    let _ = writeln!(
+        w,
+        "Three PostgreSQL servers of the test kit on this machine (durable), Citus schema-based \
+         sharding: every tenant schema is a distributed schema placed on one worker, the control \
+         plane stays local on the coordinator. Same tenant migrations as part 1 (five tables, two \
+         indexes, a sequence), created the same way ({} lanes). Per tenant: the difference between \
+         the two steps divided by the tenants created in between.\n",
+        cfg.create_lanes
+    );
+    let (small, large) = (&rows[0], &rows[1]);
+    let per = |f: &dyn Fn(&NodeSizes) -> f64, node: usize| {
+        (f(&large.2[node]) - f(&small.2[node])) / (large.0 - small.0) as f64
+    };
+    let _ = writeln!(
+        w,
+        "| | coordinator at {a} | at {b} | per tenant | worker 1 at {b} | per tenant | worker 2 at {b} | per tenant |",
+        a = small.0,
+        b = large.0
+    );
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let metrics: [Metric; 9] = [
+        ("pg_class rows", &|s| s.catalog.pg_class_rows as f64, 1),
+        (
+            "pg_attribute rows",
+            &|s| s.catalog.pg_attribute_rows as f64,
+            1,
+        ),
+        (
+            "pg_namespace rows",
+            &|s| s.catalog.pg_namespace_rows as f64,
+            2,
+        ),
+        (
+            "all of pg_catalog (KiB)",
+            &|s| s.catalog.catalog_bytes as f64 / 1024.0,
+            1,
+        ),
+        (
+            "the database (KiB)",
+            &|s| s.catalog.database_bytes as f64 / 1024.0,
+            1,
+        ),
+        ("pg_dist_partition rows", &|s| s.citus_rows[0] as f64, 2),
+        ("pg_dist_shard rows", &|s| s.citus_rows[1] as f64, 2),
+        ("pg_dist_schema rows", &|s| s.citus_rows[3] as f64, 2),
+        (
+            "control plane, tables + indexes (KiB)",
+            &|s| s.control_plane_bytes as f64 / 1024.0,
+            2,
+        ),
+    ];
+    for (label, f, d) in metrics {
+        let _ = writeln!(
+            w,
+            "| {label} | {:.0} | {:.0} | {:.d$} | {:.0} | {:.d$} | {:.0} | {:.d$} |",
+            f(&small.2[0]),
+            f(&large.2[0]),
+            per(f, 0),
+            f(&large.2[1]),
+            per(f, 1),
+            f(&large.2[2]),
+            per(f, 2),
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nCreation rate: {:.0} tenants/s for the first {}, {:.0}/s for the next {}. A coordinator \
+         data connection (pool_size 1) that served {k} tenants (the work of part 3 in each): \
+         CacheMemoryContext {:.1} → {:.1} MiB, all contexts {:.1} → {:.1} MiB ({:.1} KiB per tenant).",
+        small.1,
+        small.0,
+        large.1,
+        large.0 - small.0,
+        mib(before.cache_bytes),
+        mib(after.cache_bytes),
+        mib(before.total_bytes),
+        mib(after.total_bytes),
+        (after.total_bytes - before.total_bytes) as f64 / 1024.0 / k as f64
+    );
+    drop(admin);
+    drop(workers);
+    drop(db);
+    out
+}
+
+// ---------------------------------------------------------------------------------------
 // Report
 // ---------------------------------------------------------------------------------------
 
@@ -1349,7 +1562,7 @@ fn print_size(r: &SizeResult) {
 }
 
 fn size_label(n: usize) -> String {
-    if n >= 1_000 && n % 1_000 == 0 {
+    if n >= 1_000 && n.is_multiple_of(1_000) {
         format!("{}k", n / 1_000)
     } else {
         n.to_string()

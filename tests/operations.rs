@@ -295,11 +295,14 @@ async fn replica_status_counts_each_incarnations_tenants() {
     fleet.newer.close().await;
 }
 
+/// A tenant as lease_status has it: key, state, owner, version, live, quarantined.
+type Listed = (String, String, Option<String>, i32, bool, bool);
+
 #[tokio::test]
 async fn every_listing_filter_agrees_with_lease_status() {
     let fleet = fleet().await;
     let client = &fleet.admin;
-    let all: Vec<(String, String, Option<String>, i32, bool, bool)> = client
+    let all: Vec<Listed> = client
         .query(
             "SELECT tenant, state, owner, version, schema IS NOT NULL, quarantine_cause IS NOT NULL
                FROM pgtenant.lease_status",
@@ -321,7 +324,7 @@ async fn every_listing_filter_agrees_with_lease_status() {
                 .collect::<Vec<_>>()
         }
     };
-    let expect = |keep: &dyn Fn(&(String, String, Option<String>, i32, bool, bool)) -> bool| {
+    let expect = |keep: &dyn Fn(&Listed) -> bool| {
         all.iter()
             .filter(|t| keep(t))
             .map(|t| t.0.clone())
@@ -467,7 +470,7 @@ async fn the_sweep_drops_every_kind_of_object_found_through_pg_depend() {
     })
     .await
     .expect("sweep");
-    assert_eq!(report.swept, [schema.clone()]);
+    assert_eq!(report.swept, std::slice::from_ref(&schema));
     // Partitions first (p1, p2), then a and b (taking the view, the materialized view and
     // their sequences with them), then p and s.
     assert_eq!(batches.len(), 3, "small batches: {batches:?}");
