@@ -1066,6 +1066,10 @@ async fn status(
         ),
         ("fleet_status", "SELECT * FROM pgtenant.fleet_status".into()),
         (
+            "status_report (both, one pass)",
+            "SELECT * FROM pgtenant.status_report(604800000)".into(),
+        ),
+        (
             "sweep_backlog (reads every schema name)",
             "SELECT * FROM pgtenant.sweep_backlog".into(),
         ),
@@ -1168,7 +1172,7 @@ async fn status(
                 if i == 0 && !vacuumed && args == &vec!["status"] {
                     r.fleet_line = String::from_utf8_lossy(&output.stdout)
                         .lines()
-                        .take(9)
+                        .take(8)
                         .collect::<Vec<_>>()
                         .join("\n");
                 }

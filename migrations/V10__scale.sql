@@ -3,12 +3,9 @@
 -- Measured on PostgreSQL 15 (2 cores) with 100 000 tenant rows and 100 replica rows, each
 -- replica holding 1 000 tenants (examples/bench_scale.rs has the full table):
 --
--- * replica_status counted each replica's tenants with a correlated subquery, one index scan
---   of `tenants_owner` per replica row. On a freshly vacuumed table that is an index-only scan
---   (11-16 ms); once acquisitions have cleared the visibility map, each of the 100 scans is a
---   bitmap heap scan over ~2 900 of the table's pages: 267-278 ms (BENCHMARKS.md saw 540-590 ms
---   after bench_leases). It now counts every replica's tenants in one grouped pass over the
---   table, joined to the replica rows: 25-40 ms whatever the visibility map says.
+-- * replica_status counted each replica's tenants with a correlated subquery: 267-278 ms once
+--   the visibility map was not fresh. It now reads one grouped pass over the tenants, shared
+--   with the new fleet_status (status_report below).
 -- * lease_status sorts by tenant inside the view, so PostgreSQL cannot flatten it into a
 --   query: every join, aggregate or ORDER BY ... LIMIT over it first sorted all 100 000 rows
 --   (an external merge sort at the default work_mem): `pgtenant tenants` (a page of 100) took
@@ -20,52 +17,6 @@
 --   `pgtenant.sweep_backlog`: what the next sweep would do, orphan schemas included.
 --
 -- Same signatures throughout: replicas of V8 keep running across the upgrade.
-
--- ---------------------------------------------------------------------------------------
--- replica_status: one grouped count instead of one correlated count per replica row.
--- ---------------------------------------------------------------------------------------
-CREATE OR REPLACE FUNCTION pgtenant.replica_status_rows()
-RETURNS TABLE (replica_id text, alive boolean, lock_held boolean, incarnation bigint,
-               tenants_held bigint, expires_in interval, backend_pid integer, host text,
-               started_at timestamptz, released_at timestamptz, sessions bigint, sealed_at timestamptz,
-               state text)
-LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET search_path = pg_catalog, pgtenant AS $$
-WITH held AS (
-    -- One pass over the tenants, whichever replica holds them; a correlated count per replica
-    -- re-reads the table's pages once per replica when the visibility map is not fresh.
-    SELECT t.owner, t.owner_incarnation, count(*) AS tenants
-      FROM pgtenant.tenants t
-     WHERE t.owner IS NOT NULL
-     GROUP BY t.owner, t.owner_incarnation
-), bound AS (
-    SELECT b.replica_id, b.incarnation, count(*) AS sessions
-      FROM pgtenant.sessions b
-     GROUP BY b.replica_id, b.incarnation
-)
-SELECT r.replica_id,
-       l.alive,
-       l.lock_held,
-       r.incarnation,
-       coalesce(h.tenants, 0),
-       CASE WHEN l.alive THEN date_trunc('milliseconds', r.expires_at - now()) END,
-       r.backend_pid,
-       r.host,
-       r.started_at,
-       r.released_at,
-       coalesce(b.sessions, 0),
-       s.sealed_at,
-       CASE WHEN r.released_at IS NOT NULL THEN 'released'
-            WHEN s.sealed_at IS NOT NULL THEN 'sealed'
-            WHEN l.alive THEN 'alive'
-            WHEN NOT l.lock_held THEN 'lease session gone'
-            ELSE 'expired' END
-FROM pgtenant.replicas r
-JOIN pgtenant.replica_liveness l USING (replica_id)
-LEFT JOIN held h ON h.owner = r.replica_id AND h.owner_incarnation = r.incarnation
-LEFT JOIN bound b ON b.replica_id = r.replica_id AND b.incarnation = r.incarnation
-LEFT JOIN pgtenant.seals s ON s.replica_id = r.replica_id AND s.incarnation = r.incarnation
-ORDER BY r.replica_id
-$$;
 
 -- ---------------------------------------------------------------------------------------
 -- lease_rows (unordered) and lease_status (the same rows by tenant).
@@ -116,30 +67,38 @@ CREATE INDEX tenants_forgotten ON pgtenant.tenants (key) WHERE schema_name IS NU
 CREATE INDEX trash_unswept ON pgtenant.trash (trashed_at) WHERE swept_at IS NULL;
 
 -- ---------------------------------------------------------------------------------------
--- fleet_status: one row, one query; sweep_backlog: what the next sweep would do.
+-- status_report: fleet_status and replica_status from one pass over the tenants.
 -- ---------------------------------------------------------------------------------------
--- Tenants by state (as lease_status says it), migrations (newest version, how many live
--- tenants are below it, how many at each version) and the trash, given the sweep's retention
--- in milliseconds. Computed with the owner's rights (the trash is not the application's to
--- read; only counts leave).
+-- Both summaries read every tenant row once: at 100 000 tenants held by 100 replicas that is
+-- 25-40 ms each on 2 cores, and `pgtenant status`, which shows both, took 80-100 ms reading
+-- them one after the other (or side by side on two connections, which two busy cores do not
+-- run any faster). This function makes that pass once and returns both, as JSON; the views
+-- fleet_status and replica_status read their halves of it, so there is one definition of
+-- each count.
 --
 -- The tenants are grouped first, by owner and by what decides a state without the owner's
 -- liveness, and only the groups (about one per replica and version) meet replica_liveness:
--- 27-30 ms at 100 000 tenants held by 100 replicas, against 49-61 ms for the same counts
--- from lease_rows, which joins every tenant to its owner. The CASE is lease_rows' own, split
--- in two; tests/operations.rs checks that both give the same counts in every state. The
--- planner cannot know that the groups are few (it estimates one per tenant), and at the
--- default work_mem it sorted all 100 000 rows on disk to group them (57-68 ms); with room for
--- a hash table it hashes them. work_mem is a ceiling: the hash table holds the real groups.
-CREATE FUNCTION pgtenant.fleet_status_rows(p_retention_ms bigint)
-RETURNS TABLE (tenants bigint, live bigint, held bigint, stalled bigint, expired bigint, free bigint,
-               reserved bigint, quarantined bigint, forgotten bigint,
-               newest_version integer, behind bigint, versions jsonb,
-               trashed bigint, trash_due bigint, oldest_trashed_at timestamptz,
-               replicas bigint, replicas_alive bigint)
+-- 27-33 ms at 100 000 tenants against 49-61 ms for the same counts from lease_rows, which
+-- joins every tenant to its owner. The state CASE is lease_rows' own, split in two;
+-- tests/operations.rs checks that both give the same counts in every state. The planner
+-- cannot know that the groups are few (it estimates one per tenant), and at the default
+-- work_mem it sorted the 100 000 rows on disk to group them (57-68 ms); with room for a hash
+-- table it hashes them. work_mem is a ceiling: the hash table holds the real groups.
+--
+-- replica_status counted each replica's tenants with a correlated subquery before, one index
+-- scan of `tenants_owner` per replica row: 11-16 ms on a freshly vacuumed table (index only),
+-- but once acquisitions had cleared the visibility map each of the 100 scans was a bitmap heap
+-- scan over ~2 900 of the table's pages: 267-278 ms (BENCHMARKS.md saw 540-590 ms after
+-- bench_leases). One grouped pass does not depend on the visibility map.
+--
+-- Timestamps in the JSON are ISO 8601 in UTC and intervals in the postgres style, whatever
+-- the session says (the views cast them back).
+CREATE FUNCTION pgtenant.status_report(p_retention_ms bigint)
+RETURNS TABLE (fleet jsonb, replicas jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET work_mem = '64MB'
+SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET DateStyle = 'ISO, YMD'
 SET search_path = pg_catalog, pgtenant AS $$
-WITH groups AS (
+WITH groups AS MATERIALIZED (
     SELECT t.owner, t.owner_incarnation, t.schema_version AS version,
            t.schema_name IS NOT NULL AS live,
            CASE
@@ -151,7 +110,10 @@ WITH groups AS (
            count(*) AS n
       FROM pgtenant.tenants t
      GROUP BY 1, 2, 3, 4, 5
-), per_state AS (
+), liveness AS MATERIALIZED (
+    -- pg_locks once (the view's own rule).
+    SELECT * FROM pgtenant.replica_liveness
+), per_state AS MATERIALIZED (
     SELECT coalesce(g.settled,
                     CASE
                         WHEN l.alive AND l.incarnation = g.owner_incarnation THEN 'held'
@@ -160,7 +122,7 @@ WITH groups AS (
                     END) AS state,
            g.version, g.live, g.n
       FROM groups g
-      LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = g.owner
+      LEFT JOIN liveness l ON l.replica_id = g.owner
 ), newest AS (
     SELECT max(p.version) AS version FROM per_state p WHERE p.live
 ), trash AS (
@@ -169,30 +131,101 @@ WITH groups AS (
            min(x.trashed_at) AS oldest
       FROM pgtenant.trash x
      WHERE x.swept_at IS NULL
-), replicas AS (
-    SELECT count(*) AS n, count(*) FILTER (WHERE l.alive) AS alive FROM pgtenant.replica_liveness l
+), held AS (
+    SELECT g.owner, g.owner_incarnation, sum(g.n)::bigint AS n
+      FROM groups g
+     WHERE g.owner IS NOT NULL
+     GROUP BY g.owner, g.owner_incarnation
+), bound AS (
+    SELECT b.replica_id, b.incarnation, count(*) AS n
+      FROM pgtenant.sessions b
+     GROUP BY b.replica_id, b.incarnation
+), replica_rows AS (
+    SELECT r.replica_id,
+           l.alive,
+           l.lock_held,
+           r.incarnation,
+           coalesce(h.n, 0) AS tenants_held,
+           CASE WHEN l.alive THEN date_trunc('milliseconds', r.expires_at - now()) END AS expires_in,
+           r.backend_pid,
+           r.host,
+           r.started_at,
+           r.released_at,
+           coalesce(b.n, 0) AS sessions,
+           s.sealed_at,
+           CASE WHEN r.released_at IS NOT NULL THEN 'released'
+                WHEN s.sealed_at IS NOT NULL THEN 'sealed'
+                WHEN l.alive THEN 'alive'
+                WHEN NOT l.lock_held THEN 'lease session gone'
+                ELSE 'expired' END AS state
+      FROM pgtenant.replicas r
+      JOIN liveness l USING (replica_id)
+      LEFT JOIN held h ON h.owner = r.replica_id AND h.owner_incarnation = r.incarnation
+      LEFT JOIN bound b ON b.replica_id = r.replica_id AND b.incarnation = r.incarnation
+      LEFT JOIN pgtenant.seals s ON s.replica_id = r.replica_id AND s.incarnation = r.incarnation
 )
-SELECT coalesce(sum(p.n), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.live), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'held'), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'stalled'), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'expired'), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'free'), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'reserved'), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'quarantined'), 0)::bigint,
-       coalesce(sum(p.n) FILTER (WHERE p.state = 'forgotten'), 0)::bigint,
-       (SELECT v.version FROM newest v),
-       coalesce(sum(p.n) FILTER (WHERE p.live AND p.state <> 'quarantined'
-                                   AND p.version < (SELECT v.version FROM newest v)), 0)::bigint,
-       coalesce((SELECT jsonb_object_agg(q.version::text, q.n ORDER BY q.version)
-                   FROM (SELECT p2.version, sum(p2.n)::bigint AS n FROM per_state p2
-                          WHERE p2.live GROUP BY p2.version) q), '{}'::jsonb),
-       (SELECT x.n FROM trash x),
-       (SELECT x.due FROM trash x),
-       (SELECT x.oldest FROM trash x),
-       (SELECT r.n FROM replicas r),
-       (SELECT r.alive FROM replicas r)
-  FROM per_state p
+SELECT (SELECT jsonb_build_object(
+            'tenants', coalesce(sum(p.n), 0),
+            'live', coalesce(sum(p.n) FILTER (WHERE p.live), 0),
+            'held', coalesce(sum(p.n) FILTER (WHERE p.state = 'held'), 0),
+            'stalled', coalesce(sum(p.n) FILTER (WHERE p.state = 'stalled'), 0),
+            'expired', coalesce(sum(p.n) FILTER (WHERE p.state = 'expired'), 0),
+            'free', coalesce(sum(p.n) FILTER (WHERE p.state = 'free'), 0),
+            'reserved', coalesce(sum(p.n) FILTER (WHERE p.state = 'reserved'), 0),
+            'quarantined', coalesce(sum(p.n) FILTER (WHERE p.state = 'quarantined'), 0),
+            'forgotten', coalesce(sum(p.n) FILTER (WHERE p.state = 'forgotten'), 0),
+            'newest_version', (SELECT v.version FROM newest v),
+            'behind', coalesce(sum(p.n) FILTER (WHERE p.live AND p.state <> 'quarantined'
+                                                  AND p.version < (SELECT v.version FROM newest v)), 0),
+            'versions', coalesce((SELECT jsonb_object_agg(q.version::text, q.n ORDER BY q.version)
+                                    FROM (SELECT p2.version, sum(p2.n)::bigint AS n FROM per_state p2
+                                           WHERE p2.live GROUP BY p2.version) q), '{}'::jsonb),
+            'trashed', (SELECT x.n FROM trash x),
+            'trash_due', (SELECT x.due FROM trash x),
+            'oldest_trashed_at', (SELECT x.oldest FROM trash x),
+            'replicas', (SELECT count(*) FROM liveness),
+            'replicas_alive', (SELECT count(*) FILTER (WHERE l.alive) FROM liveness l))
+          FROM per_state p),
+       (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.replica_id), '[]'::jsonb) FROM replica_rows x)
+$$;
+REVOKE ALL ON FUNCTION pgtenant.status_report(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION pgtenant.status_report(bigint) TO PUBLIC;
+
+-- replica_status: its half of the report, the same columns as V8's.
+CREATE OR REPLACE FUNCTION pgtenant.replica_status_rows()
+RETURNS TABLE (replica_id text, alive boolean, lock_held boolean, incarnation bigint,
+               tenants_held bigint, expires_in interval, backend_pid integer, host text,
+               started_at timestamptz, released_at timestamptz, sessions bigint, sealed_at timestamptz,
+               state text)
+LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET search_path = pg_catalog, pgtenant AS $$
+SELECT x.*
+  FROM pgtenant.status_report(0) s,
+       jsonb_to_recordset(s.replicas) AS x(replica_id text, alive boolean, lock_held boolean,
+                                           incarnation bigint, tenants_held bigint, expires_in interval,
+                                           backend_pid integer, host text, started_at timestamptz,
+                                           released_at timestamptz, sessions bigint,
+                                           sealed_at timestamptz, state text)
+ ORDER BY x.replica_id
+$$;
+
+-- fleet_status: the other half. Tenants by state (as lease_status says it), migrations
+-- (newest version, how many live tenants are below it, how many at each version), the trash
+-- and how much of it a sweep with this retention (milliseconds) drops.
+CREATE FUNCTION pgtenant.fleet_status_rows(p_retention_ms bigint)
+RETURNS TABLE (tenants bigint, live bigint, held bigint, stalled bigint, expired bigint, free bigint,
+               reserved bigint, quarantined bigint, forgotten bigint,
+               newest_version integer, behind bigint, versions jsonb,
+               trashed bigint, trash_due bigint, oldest_trashed_at timestamptz,
+               replicas bigint, replicas_alive bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET search_path = pg_catalog, pgtenant AS $$
+SELECT x.*
+  FROM pgtenant.status_report(p_retention_ms) s,
+       jsonb_to_record(s.fleet) AS x(tenants bigint, live bigint, held bigint, stalled bigint,
+                                     expired bigint, free bigint, reserved bigint,
+                                     quarantined bigint, forgotten bigint, newest_version integer,
+                                     behind bigint, versions jsonb, trashed bigint, trash_due bigint,
+                                     oldest_trashed_at timestamptz, replicas bigint,
+                                     replicas_alive bigint)
 $$;
 REVOKE ALL ON FUNCTION pgtenant.fleet_status_rows(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION pgtenant.fleet_status_rows(bigint) TO PUBLIC;

@@ -188,6 +188,40 @@ async fn fleet_status_counts_what_lease_status_says() {
     // ops-a, ops-new, stalled-r, gone-r; two of them alive.
     assert_eq!((status.replicas, status.replicas_alive), (4, 2));
 
+    // status_report is both halves from one pass: the same fleet, the same replica rows.
+    let report = pgtenant::admin::status_report(&fleet.admin, Duration::from_secs(7 * 86_400))
+        .await
+        .expect("status_report");
+    assert_eq!(report.fleet, status);
+    let rows: Vec<(String, i64, String, bool)> = fleet
+        .admin
+        .query(
+            "SELECT replica_id, tenants_held, state, coalesce(alive, false) FROM pgtenant.replica_status",
+            &[],
+        )
+        .await
+        .expect("replica_status")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let reported: Vec<(String, i64, String, bool)> = report
+        .replicas
+        .iter()
+        .map(|r| {
+            (
+                r.replica_id.clone(),
+                r.tenants_held,
+                r.state.clone(),
+                r.alive,
+            )
+        })
+        .collect();
+    assert_eq!(reported, rows);
+    assert!(report
+        .replicas
+        .iter()
+        .all(|r| r.started_at.as_deref().is_some_and(|at| at.ends_with('Z'))));
+
     // The same view with retention 0: the trash is due.
     let now = pgtenant::admin::fleet_status(&fleet.admin, Duration::ZERO)
         .await

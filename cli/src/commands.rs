@@ -113,15 +113,6 @@ pub(crate) async fn setup(connection: &Connection, args: &cli::Setup) -> Result<
 
 const REPLICAS_TABLE: &str = "SELECT replica_id, alive, lock_held, incarnation, tenants_held, \
     expires_in, backend_pid, started_at::timestamp(0) AS started_at FROM pgtenant.replica_status";
-/// The first tenants by key. From lease_rows (control plane 10 on): lease_status sorts every
-/// tenant before an outer ORDER BY … LIMIT can stop (71 ms against 1.5 ms at 100 000 tenants,
-/// docs/scale.md).
-const TENANTS_TABLE: &str = "SELECT tenant, state, owner, epoch, owner_alive, expires_in, schema, \
-    version, quarantine_cause FROM pgtenant.lease_rows ORDER BY tenant LIMIT ";
-/// The same before control plane 10: lease_status is ordered by tenant itself, and a LIMIT
-/// right on it stops early.
-const LEGACY_TENANTS_TABLE: &str = "SELECT tenant, state, owner, epoch, owner_alive, expires_in, \
-    schema, version, quarantine_cause FROM pgtenant.lease_status LIMIT ";
 /// The control-plane version that brought pgtenant.fleet_status and pgtenant.lease_rows.
 const FLEET_VERSION: i64 = 10;
 
@@ -137,14 +128,8 @@ macro_rules! utc {
 }
 
 pub(crate) async fn status(connection: &Connection, args: &cli::Status) -> Result<(), CliError> {
-    let target = target(connection)?;
-    // Two connections, opened together: the fleet summary on one while the replicas and the
-    // tenants are read on the other. At 100 000 tenants each side reads every tenant row once
-    // (about 30 and 25 ms on 2 cores, docs/scale.md); one after the other they would take the
-    // command past 50 ms. Without a second connection, everything runs on the first.
-    let (first, second) = tokio::join!(target.connect(), target.connect());
-    let first = first?;
-    status_on(&first.client, second.ok().as_ref().map(|c| &c.client), args).await
+    let (_, connected) = connect(connection).await?;
+    status_of(&connected.client, args).await
 }
 
 /// What `pgtenant status` shows: how many tenants, how much of the trash counts as due.
@@ -177,102 +162,148 @@ impl StatusView {
     }
 }
 
-/// `pgtenant status` on one connection (the demo's).
-#[cfg(feature = "demo")]
 pub(crate) async fn status_of(
     client: &Client,
     view: impl Into<StatusView>,
 ) -> Result<(), CliError> {
-    status_on(client, None, view).await
-}
-
-/// `pgtenant status`; the fleet summary on `second` when there is one, at the same time.
-async fn status_on(
-    client: &Client,
-    second: Option<&Client>,
-    view: impl Into<StatusView>,
-) -> Result<(), CliError> {
     let view: StatusView = view.into();
     let version = check_control_plane(client, Access::Read).await?;
+    if version < FLEET_VERSION {
+        return legacy_status(client, version, view).await;
+    }
     let supported = pgtenant::admin::supported_version();
-    let fleet = async {
-        if version < FLEET_VERSION {
-            return Ok(None);
-        }
-        let on = second.unwrap_or(client);
-        Ok::<_, CliError>(Some(
-            pgtenant::admin::fleet_status(on, view.retention).await?,
-        ))
+    // The fleet and the replicas from one pass over the tenants (two views read one after the
+    // other make it twice: 80-100 ms at 100 000 tenants on 2 cores, docs/scale.md).
+    let report = pgtenant::admin::status_report(client, view.retention).await?;
+    let mut query = pgtenant::admin::TenantQuery::default();
+    // One more than shown says whether there is a next page.
+    query.limit = view.limit + 1;
+    let mut tenants = pgtenant::admin::list_tenants(client, &query).await?;
+    let next_after = if tenants.len() as i64 > view.limit {
+        tenants.truncate(usize::try_from(view.limit).unwrap_or(usize::MAX));
+        tenants.last().map(|record| record.tenant.clone())
+    } else {
+        None
     };
     if view.json {
-        let replicas = async {
-            let replicas = client
-                .query(
-                    concat!(
-                        "SELECT replica_id, coalesce(alive, false), coalesce(lock_held, false), \
-                     incarnation, tenants_held, \
-                     (extract(epoch FROM expires_in) * 1000)::bigint, backend_pid, host, ",
-                        utc!("started_at"),
-                        ", ",
-                        utc!("released_at"),
-                        " FROM pgtenant.replica_status ORDER BY replica_id"
-                    ),
-                    &[],
-                )
-                .await
-                .map_err(CliError::db("read pgtenant.replica_status"))?
-                .iter()
-                .map(|row| {
-                    Ok(output::Replica {
-                        replica_id: row.try_get(0)?,
-                        alive: row.try_get(1)?,
-                        lock_held: row.try_get(2)?,
-                        incarnation: row.try_get(3)?,
-                        tenants_held: row.try_get(4)?,
-                        expires_in_ms: row.try_get(5)?,
-                        backend_pid: row.try_get(6)?,
-                        host: row.try_get(7)?,
-                        started_at: row.try_get(8)?,
-                        released_at: row.try_get(9)?,
-                    })
-                })
-                .collect::<Result<Vec<_>, tokio_postgres::Error>>()
-                .map_err(CliError::db("read pgtenant.replica_status"))?;
-            let mut query = pgtenant::admin::TenantQuery::default();
-            // One more than shown says whether there is a next page.
-            query.limit = view.limit + 1;
-            let tenants = pgtenant::admin::list_tenants(client, &query).await?;
-            Ok::<_, CliError>((replicas, tenants))
-        };
-        let (fleet, replicas) = tokio::join!(fleet, replicas);
-        let (fleet, (replicas, mut tenants)) = (fleet?, replicas?);
-        let next_after = if tenants.len() as i64 > view.limit {
-            tenants.truncate(view.limit as usize);
-            tenants.last().map(|record| record.tenant.clone())
-        } else {
-            None
-        };
         return output::json(&output::Status {
             control_plane_version: version,
             supported_version: supported,
-            fleet,
+            fleet: Some(report.fleet),
+            replicas: report.replicas.iter().map(output::Replica::from).collect(),
+            tenants,
+            next_after,
+        });
+    }
+    // A newer control plane was warned about by check_control_plane.
+    out!("control plane version {version}\n")?;
+    print_fleet(&report.fleet, view.retention)?;
+    out!("replicas (pgtenant.replica_status):")?;
+    let rows: Vec<Vec<String>> = report
+        .replicas
+        .iter()
+        .map(|r| {
+            vec![
+                r.replica_id.clone(),
+                r.state.clone(),
+                r.incarnation.to_string(),
+                r.tenants_held.to_string(),
+                r.expires_in_ms
+                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                    .unwrap_or_default(),
+                r.sessions.to_string(),
+                cell(&r.backend_pid),
+                cell(&r.started_at),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "replica_id",
+            "state",
+            "incarnation",
+            "tenants_held",
+            "expires_in",
+            "sessions",
+            "backend_pid",
+            "started_at",
+        ],
+        &rows,
+    )?;
+    if report.fleet.tenants > view.limit {
+        out!(
+            "\ntenants (pgtenant.lease_status), the first {} of {} by key:",
+            view.limit,
+            report.fleet.tenants
+        )?;
+    } else {
+        out!("\ntenants (pgtenant.lease_status):")?;
+    }
+    print_tenants(&tenants)?;
+    if let Some(after) = next_after {
+        out!("  … more: pgtenant tenants --after {after}")?;
+    }
+    Ok(())
+}
+
+/// `pgtenant status` on a control plane older than version 10: no fleet summary, the views
+/// as they were.
+async fn legacy_status(client: &Client, version: i64, view: StatusView) -> Result<(), CliError> {
+    let supported = pgtenant::admin::supported_version();
+    let mut query = pgtenant::admin::TenantQuery::default();
+    query.limit = view.limit + 1;
+    let mut tenants = pgtenant::admin::list_tenants(client, &query).await?;
+    let next_after = if tenants.len() as i64 > view.limit {
+        tenants.truncate(usize::try_from(view.limit).unwrap_or(usize::MAX));
+        tenants.last().map(|record| record.tenant.clone())
+    } else {
+        None
+    };
+    if view.json {
+        let replicas = client
+            .query(
+                concat!(
+                    "SELECT replica_id, coalesce(alive, false), coalesce(lock_held, false), \
+                     incarnation, tenants_held, \
+                     (extract(epoch FROM expires_in) * 1000)::bigint, backend_pid, host, ",
+                    utc!("started_at"),
+                    ", ",
+                    utc!("released_at"),
+                    " FROM pgtenant.replica_status ORDER BY replica_id"
+                ),
+                &[],
+            )
+            .await
+            .map_err(CliError::db("read pgtenant.replica_status"))?
+            .iter()
+            .map(|row| {
+                Ok(output::Replica {
+                    replica_id: row.try_get(0)?,
+                    alive: row.try_get(1)?,
+                    lock_held: row.try_get(2)?,
+                    incarnation: row.try_get(3)?,
+                    tenants_held: row.try_get(4)?,
+                    expires_in_ms: row.try_get(5)?,
+                    backend_pid: row.try_get(6)?,
+                    host: row.try_get(7)?,
+                    started_at: row.try_get(8)?,
+                    released_at: row.try_get(9)?,
+                    sessions: None,
+                    sealed_at: None,
+                    state: None,
+                })
+            })
+            .collect::<Result<Vec<_>, tokio_postgres::Error>>()
+            .map_err(CliError::db("read pgtenant.replica_status"))?;
+        return output::json(&output::Status {
+            control_plane_version: version,
+            supported_version: supported,
+            fleet: None,
             replicas,
             tenants,
             next_after,
         });
     }
-    let sql = if version >= FLEET_VERSION {
-        TENANTS_TABLE
-    } else {
-        LEGACY_TENANTS_TABLE
-    };
-    let tables = async {
-        let replicas = query_table(client, REPLICAS_TABLE).await?;
-        let tenants = query_table(client, &format!("{sql}{}", view.limit + 1)).await?;
-        Ok::<_, CliError>((replicas, tenants))
-    };
-    let (fleet, tables) = tokio::join!(fleet, tables);
-    let (fleet, (replicas, tenants)) = (fleet?, tables?);
     if version < supported {
         out!(
             "control plane version {version}: this pgtenant needs {supported}, and routers refuse \
@@ -281,29 +312,48 @@ async fn status_on(
     } else {
         out!("control plane version {version}\n")?;
     }
-    match &fleet {
-        Some(fleet) => print_fleet(fleet, view.retention)?,
-        None => out!(
-            "fleet: pgtenant.fleet_status needs control plane version {FLEET_VERSION}: run \
-             `pgtenant setup`\n"
-        )?,
-    }
+    out!(
+        "fleet: pgtenant.fleet_status needs control plane version {FLEET_VERSION}: run \
+         `pgtenant setup`\n"
+    )?;
     out!("replicas (pgtenant.replica_status):")?;
-    print_table(replicas, None)?;
-    let total = fleet.as_ref().map(|f| f.tenants);
-    match total {
-        Some(total) if total > view.limit => out!(
-            "\ntenants (pgtenant.lease_status), the first {} of {total} by key:",
-            view.limit
-        )?,
-        _ => out!("\ntenants (pgtenant.lease_status):")?,
-    }
-    let page = usize::try_from(view.limit).unwrap_or(usize::MAX);
-    let last = print_table(tenants, Some(page))?;
-    if let Some(after) = last {
+    print_table(query_table(client, REPLICAS_TABLE).await?, None)?;
+    out!("\ntenants (pgtenant.lease_status):")?;
+    print_tenants(&tenants)?;
+    if let Some(after) = next_after {
         out!("  … more: pgtenant tenants --after {after}")?;
     }
     Ok(())
+}
+
+/// Tenant records as `pgtenant tenants` shows them.
+fn print_tenants(records: &[pgtenant::admin::TenantRecord]) -> Result<(), CliError> {
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.tenant.to_string(),
+                r.state.to_string(),
+                cell(&r.owner),
+                r.epoch.to_string(),
+                r.version.to_string(),
+                cell(&r.schema),
+                cell(&r.quarantine_cause),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "tenant",
+            "state",
+            "owner",
+            "epoch",
+            "version",
+            "schema",
+            "quarantine",
+        ],
+        &rows,
+    )
 }
 
 /// The fleet summary: one line per question an operator asks first.
@@ -450,32 +500,7 @@ pub(crate) async fn tenants(connection: &Connection, args: &cli::Tenants) -> Res
             next_after,
         });
     }
-    let rows: Vec<Vec<String>> = records
-        .iter()
-        .map(|r| {
-            vec![
-                r.tenant.to_string(),
-                r.state.to_string(),
-                cell(&r.owner),
-                r.epoch.to_string(),
-                r.version.to_string(),
-                cell(&r.schema),
-                cell(&r.quarantine_cause),
-            ]
-        })
-        .collect();
-    output::table(
-        &[
-            "tenant",
-            "state",
-            "owner",
-            "epoch",
-            "version",
-            "schema",
-            "quarantine",
-        ],
-        &rows,
-    )?;
+    print_tenants(&records)?;
     if let Some(after) = next_after {
         out!("  … more: --after {after}")?;
     }
