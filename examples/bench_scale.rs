@@ -1114,6 +1114,7 @@ async fn status(
             "`pgtenant tenants --quarantined`",
             vec!["tenants", "--quarantined"],
         ));
+        commands.push(("`pgtenant sweep --dry-run`", vec!["sweep", "--dry-run"]));
     }
 
     let mut timings: Vec<StatusTiming> = Vec::new();
