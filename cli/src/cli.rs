@@ -60,8 +60,8 @@ pub(crate) enum Command {
     /// Create or upgrade the control plane (schema pgtenant); idempotent, safe to run from many
     /// processes at once
     Setup(Setup),
-    /// Replicas and tenants at a glance, from the views pgtenant.replica_status and
-    /// pgtenant.lease_status
+    /// The fleet, its replicas and the first tenants at a glance, from the views
+    /// pgtenant.fleet_status, pgtenant.replica_status and pgtenant.lease_status
     Status(Status),
     /// List tenants, a page at a time, with filters
     Tenants(Tenants),
@@ -102,7 +102,19 @@ pub(crate) struct Setup {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "The fleet summary is pgtenant.fleet_status (control plane 10 on): tenants per \
+    state, migration versions, the trash and the sweep's backlog, in one query. Tenants are \
+    listed a page at a time, by key: `pgtenant tenants --after` shows the rest."
+)]
 pub(crate) struct Status {
+    /// Tenants listed (the first ones by key)
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub limit: i64,
+    /// The sweep's retention, for how much of the trash is due (as `pgtenant sweep
+    /// --retention`), e.g. 7d, 12h, 0s
+    #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = duration::retention)]
+    pub retention: Duration,
     #[command(flatten)]
     pub output: Json,
 }
@@ -163,6 +175,10 @@ pub(crate) struct Sweep {
     /// Keep trashed schemas younger than this (they can still be restored), e.g. 7d, 12h, 0s
     #[arg(long, value_name = "DURATION", default_value = "7d", value_parser = duration::retention)]
     pub retention: Duration,
+    /// Drop nothing: show what a sweep with this retention would do now (trashed schemas due
+    /// and kept, orphan schemas), from the view pgtenant.sweep_backlog
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub output: Json,
 }

@@ -113,8 +113,8 @@ pub(crate) async fn setup(connection: &Connection, args: &cli::Setup) -> Result<
 
 const REPLICAS_TABLE: &str = "SELECT replica_id, alive, lock_held, incarnation, tenants_held, \
     expires_in, backend_pid, started_at::timestamp(0) AS started_at FROM pgtenant.replica_status";
-const TENANTS_TABLE: &str = "SELECT tenant, state, owner, epoch, owner_alive, expires_in, schema, \
-    version, quarantine_cause FROM pgtenant.lease_status ORDER BY tenant";
+/// The control-plane version that brought pgtenant.fleet_status and pgtenant.lease_rows.
+const FLEET_VERSION: i64 = 10;
 
 /// RFC 3339 in UTC, as the library's records have it.
 macro_rules! utc {
@@ -129,13 +129,137 @@ macro_rules! utc {
 
 pub(crate) async fn status(connection: &Connection, args: &cli::Status) -> Result<(), CliError> {
     let (_, connected) = connect(connection).await?;
-    status_of(&connected.client, args.output.json).await
+    status_of(&connected.client, args).await
 }
 
-pub(crate) async fn status_of(client: &Client, json: bool) -> Result<(), CliError> {
+/// What `pgtenant status` shows: how many tenants, how much of the trash counts as due.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StatusView {
+    pub limit: i64,
+    pub retention: std::time::Duration,
+    pub json: bool,
+}
+
+impl From<&cli::Status> for StatusView {
+    fn from(args: &cli::Status) -> Self {
+        StatusView {
+            limit: args.limit,
+            retention: args.retention,
+            json: args.output.json,
+        }
+    }
+}
+
+impl StatusView {
+    /// `pgtenant status` with its defaults, as text (the demo's).
+    #[cfg(feature = "demo")]
+    pub(crate) fn text() -> Self {
+        StatusView {
+            limit: 100,
+            retention: std::time::Duration::from_secs(7 * 86_400),
+            json: false,
+        }
+    }
+}
+
+pub(crate) async fn status_of(
+    client: &Client,
+    view: impl Into<StatusView>,
+) -> Result<(), CliError> {
+    let view: StatusView = view.into();
     let version = check_control_plane(client, Access::Read).await?;
+    if version < FLEET_VERSION {
+        return legacy_status(client, version, view).await;
+    }
     let supported = pgtenant::admin::supported_version();
-    if json {
+    // The fleet and the replicas from one pass over the tenants (two views read one after the
+    // other make it twice: 80-100 ms at 100 000 tenants on 2 cores, docs/scale.md).
+    let report = pgtenant::admin::status_report(client, view.retention).await?;
+    let mut query = pgtenant::admin::TenantQuery::default();
+    // One more than shown says whether there is a next page.
+    query.limit = view.limit + 1;
+    let mut tenants = pgtenant::admin::list_tenants(client, &query).await?;
+    let next_after = if tenants.len() as i64 > view.limit {
+        tenants.truncate(usize::try_from(view.limit).unwrap_or(usize::MAX));
+        tenants.last().map(|record| record.tenant.clone())
+    } else {
+        None
+    };
+    if view.json {
+        return output::json(&output::Status {
+            control_plane_version: version,
+            supported_version: supported,
+            fleet: Some(report.fleet),
+            replicas: report.replicas.iter().map(output::Replica::from).collect(),
+            tenants,
+            next_after,
+        });
+    }
+    // A newer control plane was warned about by check_control_plane.
+    out!("control plane version {version}\n")?;
+    print_fleet(&report.fleet, view.retention)?;
+    out!("replicas (pgtenant.replica_status):")?;
+    let rows: Vec<Vec<String>> = report
+        .replicas
+        .iter()
+        .map(|r| {
+            vec![
+                r.replica_id.clone(),
+                r.state.clone(),
+                r.incarnation.to_string(),
+                r.tenants_held.to_string(),
+                r.expires_in_ms
+                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                    .unwrap_or_default(),
+                r.sessions.to_string(),
+                cell(&r.backend_pid),
+                cell(&r.started_at),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "replica_id",
+            "state",
+            "incarnation",
+            "tenants_held",
+            "expires_in",
+            "sessions",
+            "backend_pid",
+            "started_at",
+        ],
+        &rows,
+    )?;
+    if report.fleet.tenants > view.limit {
+        out!(
+            "\ntenants (pgtenant.lease_status), the first {} of {} by key:",
+            view.limit,
+            report.fleet.tenants
+        )?;
+    } else {
+        out!("\ntenants (pgtenant.lease_status):")?;
+    }
+    print_tenants(&tenants)?;
+    if let Some(after) = next_after {
+        out!("  … more: pgtenant tenants --after {after}")?;
+    }
+    Ok(())
+}
+
+/// `pgtenant status` on a control plane older than version 10: no fleet summary, the views
+/// as they were.
+async fn legacy_status(client: &Client, version: i64, view: StatusView) -> Result<(), CliError> {
+    let supported = pgtenant::admin::supported_version();
+    let mut query = pgtenant::admin::TenantQuery::default();
+    query.limit = view.limit + 1;
+    let mut tenants = pgtenant::admin::list_tenants(client, &query).await?;
+    let next_after = if tenants.len() as i64 > view.limit {
+        tenants.truncate(usize::try_from(view.limit).unwrap_or(usize::MAX));
+        tenants.last().map(|record| record.tenant.clone())
+    } else {
+        None
+    };
+    if view.json {
         let replicas = client
             .query(
                 concat!(
@@ -164,27 +288,20 @@ pub(crate) async fn status_of(client: &Client, json: bool) -> Result<(), CliErro
                     host: row.try_get(7)?,
                     started_at: row.try_get(8)?,
                     released_at: row.try_get(9)?,
+                    sessions: None,
+                    sealed_at: None,
+                    state: None,
                 })
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()
             .map_err(CliError::db("read pgtenant.replica_status"))?;
-        let mut tenants = Vec::new();
-        let mut query = pgtenant::admin::TenantQuery::default();
-        query.limit = 10_000;
-        loop {
-            let page = pgtenant::admin::list_tenants(client, &query).await?;
-            let full = page.len() as i64 == query.limit;
-            query.after = page.last().map(|record| record.tenant.clone());
-            tenants.extend(page);
-            if !full {
-                break;
-            }
-        }
         return output::json(&output::Status {
             control_plane_version: version,
             supported_version: supported,
+            fleet: None,
             replicas,
             tenants,
+            next_after,
         });
     }
     if version < supported {
@@ -195,16 +312,123 @@ pub(crate) async fn status_of(client: &Client, json: bool) -> Result<(), CliErro
     } else {
         out!("control plane version {version}\n")?;
     }
+    out!(
+        "fleet: pgtenant.fleet_status needs control plane version {FLEET_VERSION}: run \
+         `pgtenant setup`\n"
+    )?;
     out!("replicas (pgtenant.replica_status):")?;
-    print_query(client, REPLICAS_TABLE).await?;
+    print_table(query_table(client, REPLICAS_TABLE).await?, None)?;
     out!("\ntenants (pgtenant.lease_status):")?;
-    print_query(client, TENANTS_TABLE).await
+    print_tenants(&tenants)?;
+    if let Some(after) = next_after {
+        out!("  … more: pgtenant tenants --after {after}")?;
+    }
+    Ok(())
 }
 
-/// Any query as an aligned table; simple_query hands every value over as text.
-async fn print_query(client: &Client, sql: &str) -> Result<(), CliError> {
-    let mut header: Vec<String> = Vec::new();
-    let mut rows: Vec<Vec<String>> = Vec::new();
+/// Tenant records as `pgtenant tenants` shows them.
+fn print_tenants(records: &[pgtenant::admin::TenantRecord]) -> Result<(), CliError> {
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.tenant.to_string(),
+                r.state.to_string(),
+                cell(&r.owner),
+                r.epoch.to_string(),
+                r.version.to_string(),
+                cell(&r.schema),
+                cell(&r.quarantine_cause),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "tenant",
+            "state",
+            "owner",
+            "epoch",
+            "version",
+            "schema",
+            "quarantine",
+        ],
+        &rows,
+    )
+}
+
+/// The fleet summary: one line per question an operator asks first.
+fn print_fleet(
+    fleet: &pgtenant::admin::FleetStatus,
+    retention: std::time::Duration,
+) -> Result<(), CliError> {
+    use pgtenant::TenantState;
+    out!("fleet (pgtenant.fleet_status):")?;
+    let states = TenantState::ALL
+        .iter()
+        .map(|state| format!("{} {state}", fleet.count(*state)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    out!(
+        "  tenants     {} ({} live): {states}",
+        fleet.tenants,
+        fleet.live
+    )?;
+    match fleet.newest_version {
+        Some(newest) => {
+            // The most common versions first; a fleet mid-rollout has two or three.
+            let mut versions: Vec<(&i32, &i64)> = fleet.versions.iter().collect();
+            versions.sort_by(|a, b| b.1.cmp(a.1).then(b.0.cmp(a.0)));
+            let mut shown: Vec<String> = versions
+                .iter()
+                .take(5)
+                .map(|(version, count)| format!("{count} at {version}"))
+                .collect();
+            if versions.len() > 5 {
+                shown.push(format!("{} more versions", versions.len() - 5));
+            }
+            out!(
+                "  migrations  newest version {newest}; {} live tenant(s) behind it, not \
+                 quarantined ({})",
+                fleet.behind,
+                shown.join(", ")
+            )?;
+        }
+        None => out!("  migrations  no live tenant")?,
+    }
+    out!(
+        "  quarantined {} (pgtenant tenants --quarantined; pgtenant clear after the repair)",
+        fleet.count(TenantState::Quarantined)
+    )?;
+    let oldest = fleet
+        .oldest_trashed_at
+        .as_deref()
+        .map(|at| format!(", the oldest trashed {at}"))
+        .unwrap_or_default();
+    out!(
+        "  trash       {} schema(s) not swept yet{oldest}; {} past the {} retention, which the \
+         next sweep drops (pgtenant sweep --dry-run)",
+        fleet.trashed,
+        fleet.trash_due,
+        crate::duration::show(retention)
+    )?;
+    out!(
+        "  replicas    {} row(s), {} alive\n",
+        fleet.replicas,
+        fleet.replicas_alive
+    )
+}
+
+/// A query's column names and rows, every value as text (simple_query hands them over so).
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+async fn query_table(client: &Client, sql: &str) -> Result<Table, CliError> {
+    let mut table = Table {
+        header: Vec::new(),
+        rows: Vec::new(),
+    };
     let messages = client
         .simple_query(sql)
         .await
@@ -212,9 +436,9 @@ async fn print_query(client: &Client, sql: &str) -> Result<(), CliError> {
     for message in messages {
         match message {
             SimpleQueryMessage::RowDescription(columns) => {
-                header = columns.iter().map(|c| c.name().to_owned()).collect();
+                table.header = columns.iter().map(|c| c.name().to_owned()).collect();
             }
-            SimpleQueryMessage::Row(row) => rows.push(
+            SimpleQueryMessage::Row(row) => table.rows.push(
                 (0..row.len())
                     .map(|i| row.get(i).unwrap_or("").to_owned())
                     .collect(),
@@ -222,8 +446,23 @@ async fn print_query(client: &Client, sql: &str) -> Result<(), CliError> {
             _ => {}
         }
     }
-    let header: Vec<&str> = header.iter().map(String::as_str).collect();
-    output::table(&header, &rows)
+    Ok(table)
+}
+
+/// A table, aligned. With `page` set, the query asked for one row more than that: when it came,
+/// it is not shown, and the first column of the last row shown is returned (where the next
+/// page starts).
+fn print_table(mut table: Table, page: Option<usize>) -> Result<Option<String>, CliError> {
+    let next = match page {
+        Some(shown) if table.rows.len() > shown => {
+            table.rows.truncate(shown);
+            table.rows.last().and_then(|row| row.first().cloned())
+        }
+        _ => None,
+    };
+    let header: Vec<&str> = table.header.iter().map(String::as_str).collect();
+    output::table(&header, &table.rows)?;
+    Ok(next)
 }
 
 pub(crate) async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
@@ -261,32 +500,7 @@ pub(crate) async fn tenants(connection: &Connection, args: &cli::Tenants) -> Res
             next_after,
         });
     }
-    let rows: Vec<Vec<String>> = records
-        .iter()
-        .map(|r| {
-            vec![
-                r.tenant.to_string(),
-                r.state.to_string(),
-                cell(&r.owner),
-                r.epoch.to_string(),
-                r.version.to_string(),
-                cell(&r.schema),
-                cell(&r.quarantine_cause),
-            ]
-        })
-        .collect();
-    output::table(
-        &[
-            "tenant",
-            "state",
-            "owner",
-            "epoch",
-            "version",
-            "schema",
-            "quarantine",
-        ],
-        &rows,
-    )?;
+    print_tenants(&records)?;
     if let Some(after) = next_after {
         out!("  … more: --after {after}")?;
     }
@@ -342,6 +556,27 @@ pub(crate) async fn trash(connection: &Connection, args: &cli::Trash) -> Result<
 
 pub(crate) async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), CliError> {
     let (_, mut connected) = connect(connection).await?;
+    if args.dry_run {
+        check_control_plane(&connected.client, Access::Read).await?;
+        let backlog = pgtenant::admin::sweep_backlog(&connected.client, args.retention).await?;
+        if args.output.json {
+            return output::json(&backlog);
+        }
+        let oldest = backlog
+            .oldest_due_at
+            .as_deref()
+            .map(|at| format!(" (the oldest trashed {at})"))
+            .unwrap_or_default();
+        return out!(
+            "a sweep with retention {} would drop {} trashed schema(s){oldest} and keep {} within \
+             retention; {} orphan schema(s) (dropped when they belong to a forgotten epoch, else \
+             reported); nothing was changed",
+            crate::duration::show(args.retention),
+            backlog.trash_due,
+            backlog.trash_kept,
+            backlog.orphan_schemas
+        );
+    }
     check_control_plane(&connected.client, Access::Write("sweep")).await?;
     let json = args.output.json;
     // The callback cannot return an error: keep the first and stop printing (the sweep goes on,

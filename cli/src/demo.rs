@@ -27,7 +27,7 @@ pub(crate) async fn run(connection: &Connection) -> Result<(), CliError> {
     demo(&target).await?;
     let connected = target.connect().await?;
     out!("\n$ pgtenant status")?;
-    crate::commands::status_of(&connected.client, false).await?;
+    crate::commands::status_of(&connected.client, crate::commands::StatusView::text()).await?;
     if given.is_some() {
         out!("\nlook with psql: psql '{url}' -c 'TABLE pgtenant.lease_status'")
     } else {

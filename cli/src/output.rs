@@ -94,9 +94,13 @@ pub(crate) struct Status {
     pub control_plane_version: i64,
     /// The newest control-plane version this pgtenant knows.
     pub supported_version: i64,
+    /// `pgtenant.fleet_status`; null on a control plane older than version 10.
+    pub fleet: Option<pgtenant::admin::FleetStatus>,
     pub replicas: Vec<Replica>,
-    /// The same records as `pgtenant tenants --json`, all of them.
+    /// The first `--limit` tenants by key, the same records as `pgtenant tenants --json`.
     pub tenants: Vec<pgtenant::admin::TenantRecord>,
+    /// Pass as `pgtenant tenants --after` for the rest; null when every tenant is above.
+    pub next_after: Option<pgtenant::TenantId>,
 }
 
 /// One row of `pgtenant.replica_status`.
@@ -113,6 +117,32 @@ pub(crate) struct Replica {
     pub host: Option<String>,
     pub started_at: Option<String>,
     pub released_at: Option<String>,
+    /// Data sessions bound to its incarnation; null before control plane 10.
+    pub sessions: Option<i64>,
+    /// When its incarnation was sealed; null before control plane 10.
+    pub sealed_at: Option<String>,
+    /// One word for the row (`alive`, `expired`, …); null before control plane 10.
+    pub state: Option<String>,
+}
+
+impl From<&pgtenant::admin::ReplicaStatus> for Replica {
+    fn from(r: &pgtenant::admin::ReplicaStatus) -> Self {
+        Replica {
+            replica_id: r.replica_id.clone(),
+            alive: r.alive,
+            lock_held: r.lock_held,
+            incarnation: r.incarnation,
+            tenants_held: r.tenants_held,
+            expires_in_ms: r.expires_in_ms,
+            backend_pid: r.backend_pid,
+            host: r.host.clone(),
+            started_at: r.started_at.clone(),
+            released_at: r.released_at.clone(),
+            sessions: Some(r.sessions),
+            sealed_at: r.sealed_at.clone(),
+            state: Some(r.state.clone()),
+        }
+    }
 }
 
 /// `pgtenant tenants --json`: a page, and where the next one starts.
