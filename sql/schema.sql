@@ -14,6 +14,7 @@
 --   V7__seal_on_takeover
 --   V8__seal_per_incarnation
 --   V9__fence_signalled
+--   V10__scale
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -134,7 +135,9 @@ CREATE TABLE pgtenant.tenants (
     CONSTRAINT tenants_schema_name_check CHECK ((schema_name ~ '^t_[a-z0-9_]{1,55}$'::text)),
     CONSTRAINT tenants_schema_name_key UNIQUE (schema_name)
 );
+CREATE INDEX tenants_forgotten ON pgtenant.tenants USING btree (key) WHERE (schema_name IS NULL);
 CREATE INDEX tenants_owner ON pgtenant.tenants USING btree (owner, owner_incarnation, key) WHERE (owner IS NOT NULL);
+CREATE INDEX tenants_quarantined ON pgtenant.tenants USING btree (key) WHERE (quarantine_cause IS NOT NULL);
 CREATE INDEX tenants_schema_version ON pgtenant.tenants USING btree (schema_version) WHERE (schema_name IS NOT NULL);
 CREATE TRIGGER seal_on_takeover BEFORE UPDATE OF epoch ON pgtenant.tenants FOR EACH ROW WHEN (((old.owner IS NOT NULL) AND (new.owner IS NOT NULL) AND (new.epoch <> old.epoch) AND ((new.owner IS DISTINCT FROM old.owner) OR (new.owner_incarnation IS DISTINCT FROM old.owner_incarnation)))) EXECUTE FUNCTION pgtenant.seal_on_takeover();
 COMMENT ON TABLE pgtenant.tenants IS 'One row per tenant id, kept after forget so epochs never repeat. The lease is (owner, owner_incarnation, epoch).';
@@ -151,8 +154,30 @@ CREATE TABLE pgtenant.trash (
     CONSTRAINT trash_tenant_key_fkey FOREIGN KEY (tenant_key) REFERENCES pgtenant.tenants(key)
 );
 CREATE INDEX trash_tenant ON pgtenant.trash USING btree (tenant_key);
+CREATE INDEX trash_unswept ON pgtenant.trash USING btree (trashed_at) WHERE (swept_at IS NULL);
 
-CREATE VIEW pgtenant.lease_status AS
+CREATE VIEW pgtenant.fleet_status AS
+ SELECT fleet_status_rows.tenants,
+    fleet_status_rows.live,
+    fleet_status_rows.held,
+    fleet_status_rows.stalled,
+    fleet_status_rows.expired,
+    fleet_status_rows.free,
+    fleet_status_rows.reserved,
+    fleet_status_rows.quarantined,
+    fleet_status_rows.forgotten,
+    fleet_status_rows.newest_version,
+    fleet_status_rows.behind,
+    fleet_status_rows.versions,
+    fleet_status_rows.trashed,
+    fleet_status_rows.trash_due,
+    fleet_status_rows.oldest_trashed_at,
+    fleet_status_rows.replicas,
+    fleet_status_rows.replicas_alive
+   FROM pgtenant.fleet_status_rows(7 * 24 * 3600 * 1000::bigint) fleet_status_rows(tenants, live, held, stalled, expired, free, reserved, quarantined, forgotten, newest_version, behind, versions, trashed, trash_due, oldest_trashed_at, replicas, replicas_alive);
+COMMENT ON VIEW pgtenant.fleet_status IS 'The fleet in one row: tenants per state (as lease_status), migrations (newest version, live tenants behind it, tenants per version), quarantined, the unswept trash and how much of it a sweep with the default 7-day retention drops; fleet_status_rows(retention_ms) for another retention.';
+
+CREATE VIEW pgtenant.lease_rows AS
  SELECT t.key AS tenant,
         CASE
             WHEN t.schema_name IS NULL AND t.forgotten_at_epoch > 0 THEN 'forgotten'::text
@@ -179,10 +204,29 @@ CREATE VIEW pgtenant.lease_status AS
     t.quarantine_repair,
     t.reserved_for,
     t.acquired_at,
-    t.created_at
+    t.created_at,
+    t.forgotten_at_epoch,
+    t.quarantined_at
    FROM pgtenant.tenants t
-     LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner
-  ORDER BY t.key;
+     LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner;
+COMMENT ON VIEW pgtenant.lease_rows IS 'One row per tenant, unordered: lease_status without its ORDER BY, for queries that filter, count or page (WHERE, GROUP BY, ORDER BY tenant LIMIT n); lease_status sorts every tenant first.';
+
+CREATE VIEW pgtenant.lease_status AS
+ SELECT lease_rows.tenant,
+    lease_rows.state,
+    lease_rows.owner,
+    lease_rows.epoch,
+    lease_rows.owner_alive,
+    lease_rows.expires_in,
+    lease_rows.schema,
+    lease_rows.version,
+    lease_rows.quarantine_cause,
+    lease_rows.quarantine_repair,
+    lease_rows.reserved_for,
+    lease_rows.acquired_at,
+    lease_rows.created_at
+   FROM pgtenant.lease_rows
+  ORDER BY lease_rows.tenant;
 
 CREATE VIEW pgtenant.replica_liveness AS
  WITH held AS (
@@ -236,6 +280,14 @@ CREATE VIEW pgtenant.session_status AS
      LEFT JOIN pg_stat_activity a ON a.pid = s.pid AND a.backend_start = s.backend_start
      LEFT JOIN pgtenant.seals sl ON sl.replica_id = s.replica_id AND sl.incarnation = s.incarnation
   ORDER BY s.replica_id, s.incarnation, s.pid;
+
+CREATE VIEW pgtenant.sweep_backlog AS
+ SELECT sweep_backlog_rows.trash_due,
+    sweep_backlog_rows.trash_kept,
+    sweep_backlog_rows.oldest_due_at,
+    sweep_backlog_rows.orphan_schemas
+   FROM pgtenant.sweep_backlog_rows(7 * 24 * 3600 * 1000::bigint) sweep_backlog_rows(trash_due, trash_kept, oldest_due_at, orphan_schemas);
+COMMENT ON VIEW pgtenant.sweep_backlog IS 'What the next sweep (7-day retention) would do: trashed schemas due and kept, the oldest due, orphan schemas; sweep_backlog_rows(retention_ms) for another retention.';
 
 CREATE OR REPLACE FUNCTION pgtenant.acquire(p_key text, p_organization text, p_ledger text, p_replica text, p_incarnation bigint, p_create boolean)
  RETURNS TABLE(epoch bigint, schema_name text, forgotten_at_epoch bigint, schema_version integer, previous_owner text, took_over text, quarantine text, lock_key integer)
@@ -770,6 +822,23 @@ BEGIN
     RETURN v_schema;
 END $function$;
 
+CREATE OR REPLACE FUNCTION pgtenant.fleet_status_rows(p_retention_ms bigint)
+ RETURNS TABLE(tenants bigint, live bigint, held bigint, stalled bigint, expired bigint, free bigint, reserved bigint, quarantined bigint, forgotten bigint, newest_version integer, behind bigint, versions jsonb, trashed bigint, trash_due bigint, oldest_trashed_at timestamp with time zone, replicas bigint, replicas_alive bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT x.*
+  FROM pgtenant.status_report(p_retention_ms) s,
+       jsonb_to_record(s.fleet) AS x(tenants bigint, live bigint, held bigint, stalled bigint,
+                                     expired bigint, free bigint, reserved bigint,
+                                     quarantined bigint, forgotten bigint, newest_version integer,
+                                     behind bigint, versions jsonb, trashed bigint, trash_due bigint,
+                                     oldest_trashed_at timestamptz, replicas bigint,
+                                     replicas_alive bigint)
+$function$;
+
 CREATE OR REPLACE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint)
  RETURNS text
  LANGUAGE plpgsql
@@ -825,6 +894,25 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
+    PERFORM pgtenant.grant_roles_before_v10(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status, pgtenant.sweep_backlog TO %I',
+                       p_operator);
+        -- A view's functions run with its reader's rights.
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.sweep_backlog_rows(bigint) TO %I', p_operator);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v10(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
     IF p_app IS NOT NULL THEN
         EXECUTE format('GRANT USAGE ON SCHEMA pgtenant TO %I', p_app);
         -- The fence reads the tenant row with the caller's rights; the views are for status.
@@ -868,7 +956,7 @@ BEGIN
         UPDATE pgtenant.config SET operator_role = p_operator;
     END IF;
 END $function$;
-REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v10(name, name) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.heartbeat(p_replica text, p_incarnation bigint, p_secret text, p_ttl_ms integer)
  RETURNS boolean
@@ -1131,29 +1219,14 @@ CREATE OR REPLACE FUNCTION pgtenant.replica_status_rows()
  SET jit TO 'off'
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-SELECT r.replica_id,
-       l.alive,
-       l.lock_held,
-       r.incarnation,
-       (SELECT count(*) FROM pgtenant.tenants t
-         WHERE t.owner = r.replica_id AND t.owner_incarnation = r.incarnation),
-       CASE WHEN l.alive THEN date_trunc('milliseconds', r.expires_at - now()) END,
-       r.backend_pid,
-       r.host,
-       r.started_at,
-       r.released_at,
-       (SELECT count(*) FROM pgtenant.sessions s
-         WHERE s.replica_id = r.replica_id AND s.incarnation = r.incarnation),
-       s.sealed_at,
-       CASE WHEN r.released_at IS NOT NULL THEN 'released'
-            WHEN s.sealed_at IS NOT NULL THEN 'sealed'
-            WHEN l.alive THEN 'alive'
-            WHEN NOT l.lock_held THEN 'lease session gone'
-            ELSE 'expired' END
-FROM pgtenant.replicas r
-JOIN pgtenant.replica_liveness l USING (replica_id)
-LEFT JOIN pgtenant.seals s ON s.replica_id = r.replica_id AND s.incarnation = r.incarnation
-ORDER BY r.replica_id
+SELECT x.*
+  FROM pgtenant.status_report(0) s,
+       jsonb_to_recordset(s.replicas) AS x(replica_id text, alive boolean, lock_held boolean,
+                                           incarnation bigint, tenants_held bigint, expires_in interval,
+                                           backend_pid integer, host text, started_at timestamptz,
+                                           released_at timestamptz, sessions bigint,
+                                           sealed_at timestamptz, state text)
+ ORDER BY x.replica_id
 $function$;
 
 CREATE OR REPLACE FUNCTION pgtenant.reset_session(p_tenant text)
@@ -1353,6 +1426,132 @@ BEGIN
     RETURN pgtenant.terminate_bound(t.owner, t.owner_incarnation, NULL, p_timeout_ms);
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.seal_owner(text, text, bigint, text, bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.status_report(p_retention_ms bigint)
+ RETURNS TABLE(fleet jsonb, replicas jsonb)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET work_mem TO '64MB'
+ SET "TimeZone" TO 'UTC'
+ SET "IntervalStyle" TO 'postgres'
+ SET "DateStyle" TO 'ISO, YMD'
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+WITH groups AS MATERIALIZED (
+    SELECT t.owner, t.owner_incarnation, t.schema_version AS version,
+           t.schema_name IS NOT NULL AS live,
+           CASE
+               WHEN t.schema_name IS NULL AND t.forgotten_at_epoch > 0 THEN 'forgotten'
+               WHEN t.quarantine_cause IS NOT NULL THEN 'quarantined'
+               WHEN t.owner IS NULL AND t.reserved_until > now() THEN 'reserved'
+               WHEN t.owner IS NULL THEN 'free'
+           END AS settled,
+           count(*) AS n
+      FROM pgtenant.tenants t
+     GROUP BY 1, 2, 3, 4, 5
+), liveness AS MATERIALIZED (
+    -- pg_locks once (the view's own rule).
+    SELECT * FROM pgtenant.replica_liveness
+), per_state AS MATERIALIZED (
+    SELECT coalesce(g.settled,
+                    CASE
+                        WHEN l.alive AND l.incarnation = g.owner_incarnation THEN 'held'
+                        WHEN l.lock_held AND l.incarnation = g.owner_incarnation THEN 'stalled'
+                        ELSE 'expired'
+                    END) AS state,
+           g.version, g.live, g.n
+      FROM groups g
+      LEFT JOIN liveness l ON l.replica_id = g.owner
+), newest AS (
+    SELECT max(p.version) AS version FROM per_state p WHERE p.live
+), trash AS (
+    SELECT count(*) AS n,
+           count(*) FILTER (WHERE x.trashed_at < now() - p_retention_ms * interval '1 millisecond') AS due,
+           min(x.trashed_at) AS oldest
+      FROM pgtenant.trash x
+     WHERE x.swept_at IS NULL
+), held AS (
+    SELECT g.owner, g.owner_incarnation, sum(g.n)::bigint AS n
+      FROM groups g
+     WHERE g.owner IS NOT NULL
+     GROUP BY g.owner, g.owner_incarnation
+), bound AS (
+    SELECT b.replica_id, b.incarnation, count(*) AS n
+      FROM pgtenant.sessions b
+     GROUP BY b.replica_id, b.incarnation
+), replica_rows AS (
+    SELECT r.replica_id,
+           l.alive,
+           l.lock_held,
+           r.incarnation,
+           coalesce(h.n, 0) AS tenants_held,
+           CASE WHEN l.alive THEN date_trunc('milliseconds', r.expires_at - now()) END AS expires_in,
+           r.backend_pid,
+           r.host,
+           r.started_at,
+           r.released_at,
+           coalesce(b.n, 0) AS sessions,
+           s.sealed_at,
+           CASE WHEN r.released_at IS NOT NULL THEN 'released'
+                WHEN s.sealed_at IS NOT NULL THEN 'sealed'
+                WHEN l.alive THEN 'alive'
+                WHEN NOT l.lock_held THEN 'lease session gone'
+                ELSE 'expired' END AS state
+      FROM pgtenant.replicas r
+      JOIN liveness l USING (replica_id)
+      LEFT JOIN held h ON h.owner = r.replica_id AND h.owner_incarnation = r.incarnation
+      LEFT JOIN bound b ON b.replica_id = r.replica_id AND b.incarnation = r.incarnation
+      LEFT JOIN pgtenant.seals s ON s.replica_id = r.replica_id AND s.incarnation = r.incarnation
+)
+SELECT (SELECT jsonb_build_object(
+            'tenants', coalesce(sum(p.n), 0),
+            'live', coalesce(sum(p.n) FILTER (WHERE p.live), 0),
+            'held', coalesce(sum(p.n) FILTER (WHERE p.state = 'held'), 0),
+            'stalled', coalesce(sum(p.n) FILTER (WHERE p.state = 'stalled'), 0),
+            'expired', coalesce(sum(p.n) FILTER (WHERE p.state = 'expired'), 0),
+            'free', coalesce(sum(p.n) FILTER (WHERE p.state = 'free'), 0),
+            'reserved', coalesce(sum(p.n) FILTER (WHERE p.state = 'reserved'), 0),
+            'quarantined', coalesce(sum(p.n) FILTER (WHERE p.state = 'quarantined'), 0),
+            'forgotten', coalesce(sum(p.n) FILTER (WHERE p.state = 'forgotten'), 0),
+            'newest_version', (SELECT v.version FROM newest v),
+            'behind', coalesce(sum(p.n) FILTER (WHERE p.live AND p.state <> 'quarantined'
+                                                  AND p.version < (SELECT v.version FROM newest v)), 0),
+            'versions', coalesce((SELECT jsonb_object_agg(q.version::text, q.n ORDER BY q.version)
+                                    FROM (SELECT p2.version, sum(p2.n)::bigint AS n FROM per_state p2
+                                           WHERE p2.live GROUP BY p2.version) q), '{}'::jsonb),
+            'trashed', (SELECT x.n FROM trash x),
+            'trash_due', (SELECT x.due FROM trash x),
+            'oldest_trashed_at', (SELECT x.oldest FROM trash x),
+            'replicas', (SELECT count(*) FROM liveness),
+            'replicas_alive', (SELECT count(*) FILTER (WHERE l.alive) FROM liveness l))
+          FROM per_state p),
+       (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.replica_id), '[]'::jsonb) FROM replica_rows x)
+$function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.sweep_backlog_rows(p_retention_ms bigint)
+ RETURNS TABLE(trash_due bigint, trash_kept bigint, oldest_due_at timestamp with time zone, orphan_schemas bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET jit TO 'off'
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT (SELECT count(*) FROM pgtenant.trash x
+         WHERE x.swept_at IS NULL AND x.trashed_at < now() - p_retention_ms * interval '1 millisecond'),
+       (SELECT count(*) FROM pgtenant.trash x
+         WHERE x.swept_at IS NULL AND x.trashed_at >= now() - p_retention_ms * interval '1 millisecond'),
+       (SELECT min(x.trashed_at) FROM pgtenant.trash x
+         WHERE x.swept_at IS NULL AND x.trashed_at < now() - p_retention_ms * interval '1 millisecond'),
+       -- The sweep's own test (src/admin/sweep.rs); the anti-join first, the regular
+       -- expression only on what is left.
+       (SELECT count(*)
+          FROM (SELECT n.nspname FROM pg_namespace n
+                 WHERE n.nspname LIKE 't\_%'
+                   AND NOT EXISTS (SELECT 1 FROM pgtenant.tenants t WHERE t.schema_name = n.nspname)
+                OFFSET 0) o
+         WHERE o.nspname ~ '^t_[a-z0-9_]+_[0-9]+_[0-9a-f]{10}$')
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.sweep_backlog_rows(bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.tenant_lock_namespace()
  RETURNS integer

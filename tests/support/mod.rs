@@ -21,7 +21,7 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 9] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 10] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -57,6 +57,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 9] = [
     (
         "V9__fence_signalled",
         include_str!("../../migrations/V9__fence_signalled.sql"),
+    ),
+    (
+        "V10__scale",
+        include_str!("../../migrations/V10__scale.sql"),
     ),
 ];
 
