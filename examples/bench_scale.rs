@@ -262,19 +262,12 @@ fn options(url: &str, replica: &str, pool: usize, extra: usize) -> RouterOptions
 
 /// The memory part's router: one data connection, so one backend serves every tenant.
 ///
-/// `--recycle N` asks the pool to close that connection once it has served N distinct tenants:
-/// that is `options.max_tenants_per_connection(n)` in the `if let` below, which this build's
-/// RouterOptions does not have yet, so the run measures without recycling and the report says
-/// so. Part 7 reads the memory of whichever backend the pool's connection has at each K.
+/// Without `--recycle` the connection is never recycled (the default bound,
+/// `DEFAULT_MAX_TENANTS_PER_CONNECTION`, is lifted) so the run shows how a backend grows;
+/// `--recycle N` closes it once it has served N distinct tenants, and the run shows memory flat
+/// past N. Part 7 reads the memory of whichever backend the pool's connection has at each K.
 fn memory_options(url: &str, extra: usize, recycle: Option<usize>) -> RouterOptions {
-    let options = options(url, "memory", 1, extra);
-    if let Some(n) = recycle {
-        eprintln!(
-            "[bench] --recycle {n}: RouterOptions has no max_tenants_per_connection in this \
-             build; measuring without recycling"
-        );
-    }
-    options
+    options(url, "memory", 1, extra).max_tenants_per_connection(recycle.unwrap_or(1_000_000))
 }
 
 async fn start(options: RouterOptions) -> Arc<Router> {
