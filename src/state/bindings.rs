@@ -3,12 +3,12 @@
 //! refusals that end an incarnation.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Mutex;
 
-use deadpool_postgres::{Object, ObjectId, StatementCache};
+use deadpool_postgres::{Object, ObjectId};
 
 use crate::error::Error;
-use crate::state::sync::lock;
+use crate::state::sync::{lock, PooledConnection};
 
 /// The fencing in force for this router, after the start-up checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +20,7 @@ pub(crate) enum Mode {
 /// One pooled connection's binding: its statement cache identifies the live connection (the
 /// cache dies with it), the incarnation it is bound to, its backend.
 struct Binding {
-    connection: Weak<StatementCache>,
+    connection: PooledConnection,
     /// The registration it is bound to ([`Credentials::registration`](crate::state::credentials::Credentials::registration)).
     registration: u64,
     pid: i32,
@@ -101,23 +101,20 @@ impl Bindings {
     pub(crate) fn get(&self, object: &Object, registration: u64) -> Option<i32> {
         let bound = lock(&self.bound);
         let binding = bound.get(&Object::id(object))?;
-        let alive = binding
-            .connection
-            .upgrade()
-            .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache));
-        (alive && binding.registration == registration).then_some(binding.pid)
+        (binding.connection.is(object) && binding.registration == registration)
+            .then_some(binding.pid)
     }
 
     pub(crate) fn insert(&self, object: &Object, registration: u64, pid: i32, pool_size: usize) {
         let mut bound = lock(&self.bound);
         // Connections come and go with the pool; forget those that went, now and then.
         if bound.len() > 2 * pool_size.max(8) {
-            bound.retain(|_, binding| binding.connection.strong_count() > 0);
+            bound.retain(|_, binding| !binding.connection.is_gone());
         }
         bound.insert(
             Object::id(object),
             Binding {
-                connection: Arc::downgrade(&object.statement_cache),
+                connection: PooledConnection::of(object),
                 registration,
                 pid,
             },

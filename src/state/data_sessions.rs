@@ -11,19 +11,18 @@
 //!   reaching the next tenant is.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
-use deadpool_postgres::{Object, ObjectId, StatementCache};
+use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::types::Type;
 
 use crate::error::{Error, Result};
-use crate::state::sync::lock;
+use crate::state::sync::{lock, PooledConnection};
 use crate::wire::{Parameters, TOKEN_SETTING, TRANSACTION_SIGNAL};
 
 /// One pooled connection as the data path last left it.
 struct Known {
-    /// Identifies the live connection (the statement cache dies with it).
-    connection: Weak<StatementCache>,
+    connection: PooledConnection,
     /// The transaction signal's reader; None: the connection keeps the marker cursor.
     signal: Option<Parameters>,
     /// The tenant whose session state alone may be on it.
@@ -56,12 +55,10 @@ impl DataSessions {
         let id = Object::id(object);
         {
             let mut known = lock(&self.known);
-            if let Some(entry) = known.get_mut(&id).filter(|entry| {
-                entry
-                    .connection
-                    .upgrade()
-                    .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache))
-            }) {
+            if let Some(entry) = known
+                .get_mut(&id)
+                .filter(|entry| entry.connection.is(object))
+            {
                 // The same checkout (a guard's second transaction) or the next one: nobody
                 // else used the connection in between.
                 let alone = checkout == entry.checkout || checkout == entry.checkout + 1;
@@ -81,12 +78,12 @@ impl DataSessions {
         let signal = probe(object).await?;
         let mut known = lock(&self.known);
         if known.len() > 64 && known.len().is_power_of_two() {
-            known.retain(|_, entry| entry.connection.strong_count() > 0);
+            known.retain(|_, entry| !entry.connection.is_gone());
         }
         known.insert(
             id,
             Known {
-                connection: Arc::downgrade(&object.statement_cache),
+                connection: PooledConnection::of(object),
                 signal: signal.clone(),
                 clean_for: None,
                 checkout,

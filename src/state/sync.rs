@@ -1,7 +1,33 @@
 //! Small concurrency tools every layer uses (DESIGN §5, all protocols): a std mutex that
-//! survives poisoning, and joining futures on one task.
+//! survives poisoning, joining futures on one task, and the identity of a live pooled
+//! connection.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
+
+use deadpool_postgres::{Object, StatementCache};
+
+/// Which pooled connection an entry of per-connection bookkeeping belongs to: its statement
+/// cache, which lives exactly as long as the connection (deadpool reuses object ids of
+/// connections that went, so the id alone could name a newer one).
+pub(crate) struct PooledConnection(Weak<StatementCache>);
+
+impl PooledConnection {
+    pub(crate) fn of(object: &Object) -> PooledConnection {
+        PooledConnection(Arc::downgrade(&object.statement_cache))
+    }
+
+    /// Whether this is `object`'s connection, still open.
+    pub(crate) fn is(&self, object: &Object) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|cache| Arc::ptr_eq(&cache, &object.statement_cache))
+    }
+
+    /// Whether the connection went (its entry can be forgotten).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
 
 /// Locks a std mutex, recovering the data if a panicking thread poisoned it: the maps it guards
 /// are consistent after every single operation.
