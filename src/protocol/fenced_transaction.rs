@@ -149,57 +149,50 @@ async fn entry(
 ) -> Result<Entry> {
     let router = &handle.router;
     let cached = router.options.statement_cache;
-    if router.session_fencing() {
-        let pid =
-            crate::protocol::session_fencing::bound(router, client, &handle.credentials).await?;
-        let entered = router.data_sessions.enter(client, &handle.key).await?;
-        if let Some(signal) = entered.signal {
-            let pin = if cached {
-                Some(
-                    client
-                        .prepare_cached(PIN_SQL)
-                        .await
-                        .map_err(Error::db("prepare the pin"))?,
-                )
-            } else {
-                None
-            };
-            return Ok(Entry::Pinned {
-                pid,
-                pin,
-                reset: entered.reset,
-                signal,
-            });
-        }
-        let enter = if cached {
-            Some(
-                client
-                    .prepare_cached(ENTER_SQL)
-                    .await
-                    .map_err(Error::db("prepare the entry statement"))?,
-            )
-        } else {
-            None
-        };
-        return Ok(Entry::Session { pid, enter });
-    }
+    let pid = if router.session_fencing() {
+        Some(crate::protocol::session_fencing::bound(router, client, &handle.credentials).await?)
+    } else {
+        None
+    };
     let entered = router.data_sessions.enter(client, &handle.key).await?;
-    let signalled = entered.signal.map(|signal| (signal, entered.reset));
+    Ok(match (pid, entered.signal) {
+        (Some(pid), Some(signal)) => Entry::Pinned {
+            pid,
+            pin: prepared(client, cached, PIN_SQL, "prepare the pin").await?,
+            reset: entered.reset,
+            signal,
+        },
+        (Some(pid), None) => Entry::Session {
+            pid,
+            enter: prepared(client, cached, ENTER_SQL, "prepare the entry statement").await?,
+        },
+        (None, signal) => {
+            let signalled = signal.map(|signal| (signal, entered.reset));
+            let sql = fence_sql(read_only, signalled.is_some());
+            Entry::Fence {
+                statement: prepared(client, cached, sql, "prepare the fence").await?,
+                signalled,
+            }
+        }
+    })
+}
+
+/// `sql` prepared once per pooled connection (the server then neither parses nor plans it), or
+/// None to send it unnamed when the statement cache is off.
+async fn prepared(
+    client: &deadpool_postgres::Object,
+    cached: bool,
+    sql: &str,
+    context: &'static str,
+) -> Result<Option<Statement>> {
     if !cached {
-        return Ok(Entry::Fence {
-            statement: None,
-            signalled,
-        });
+        return Ok(None);
     }
-    let sql = fence_sql(read_only, signalled.is_some());
     client
         .prepare_cached(sql)
         .await
-        .map(|statement| Entry::Fence {
-            statement: Some(statement),
-            signalled,
-        })
-        .map_err(Error::db("prepare the fence"))
+        .map(Some)
+        .map_err(Error::db(context))
 }
 
 /// The fence's statement: read-only or not, with the signal or the marker cursor.
