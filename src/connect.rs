@@ -99,13 +99,13 @@ impl Connector {
                     let reader = Arc::downgrade(&connection);
                     let parameters: crate::wire::Parameters = Arc::new(move |name: &str| {
                         let connection = reader.upgrade()?;
-                        let value = crate::state::sync::lock(&connection)
+                        let value = crate::sync::lock(&connection)
                             .parameter(name)
                             .map(str::to_owned);
                         value
                     });
                     let messages: Messages =
-                        Box::new(move |cx| crate::state::sync::lock(&connection).poll_message(cx));
+                        Box::new(move |cx| crate::sync::lock(&connection).poll_message(cx));
                     Ok(Opened {
                         client,
                         messages,

@@ -141,7 +141,7 @@ impl TenantHandle {
     /// lease. The next owner sees everything this handle committed.
     #[tracing::instrument(name = "pgtenant.release", skip_all, fields(tenant = %self.inner.id, epoch = %self.inner.epoch))]
     pub async fn release(&self) -> Result<()> {
-        crate::protocol::handoff::release(&self.inner).await
+        crate::protocol::release::release(&self.inner).await
     }
 
     /// Hands the tenant off: refuses new work ([`Error::Draining`]), waits up to the drain

@@ -51,11 +51,12 @@
 #![deny(missing_docs)]
 #![warn(rustdoc::broken_intra_doc_links)]
 
-// Layers, bottom to top (each imports only layers below it; `tools/import_graph.py src`
-// checks there is no import circle): vocabulary and connections (`id`, `lease`, `error`,
-// `sqlstate`, `event`, `metrics`, `wire`, `connect`, `options`, `data_pool`, `citus`,
-// `control`, `control_plane`, `migrate`), then `state/` (what the protocols share), then
-// `protocol/` (one file per DESIGN §5 protocol), then the facades `router.rs` and `handle.rs`.
+// Layers, bottom to top, each importing only layers below it (`tests/layers.rs` fails on an
+// import that goes up or sideways, or on an import circle): vocabulary and connections (`id`,
+// `lease`, `error`, `sqlstate`, `event`, `metrics`, `sync`, `wire`, `connect`, `options`,
+// `data_pool`, `citus`, `control`, `control_plane`, `migrate`, `refusal`), then `state/` (what
+// the protocols share), then `protocol/` (one file per DESIGN §5 protocol, in the order of its
+// table), then the facades `router.rs`, `handle.rs` and `admin/`.
 pub mod admin;
 mod citus;
 mod connect;
@@ -75,6 +76,7 @@ mod refusal;
 mod router;
 mod sqlstate;
 mod state;
+mod sync;
 mod wire;
 
 pub use connect::DEFAULT_CONNECT_TIMEOUT;

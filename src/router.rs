@@ -2,7 +2,7 @@
 //! protocols. Each method delegates to its DESIGN §5 protocol's file in `protocol/` (table in
 //! `protocol/mod.rs`): `replica_start.rs` and `heartbeat.rs` (start), `open.rs` (open,
 //! open_or_create, wait_for), `handoff.rs` (request_handoff), `forget.rs` (restore),
-//! `tenant_migrations/all.rs` (migrate_all), `close.rs`. Status and summary read the shared
+//! `migrate_all.rs`, `close.rs`. Status and summary read the shared
 //! state (`state/shared.rs`) and the control plane's views.
 
 use std::sync::atomic::Ordering;
@@ -24,7 +24,7 @@ use crate::options::{Fencing, RouterOptions};
 use crate::protocol::heartbeat::maintain;
 use crate::protocol::tenant_migrations::TenantMigration;
 use crate::state::shared::Shared;
-use crate::state::sync::lock;
+use crate::sync::lock;
 
 pub use crate::protocol::close::CloseReport;
 
@@ -346,8 +346,7 @@ impl Router {
         concurrency: usize,
         progress: impl Fn(&TenantMigration),
     ) -> Result<Vec<TenantMigration>> {
-        crate::protocol::tenant_migrations::all::migrate_all(self.shared(), concurrency, progress)
-            .await
+        crate::protocol::migrate_all::migrate_all(self.shared(), concurrency, progress).await
     }
 
     /// This replica at a glance, from memory (no database call).

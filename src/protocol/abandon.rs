@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::lease::{HandleState, Journal};
-use crate::protocol::handoff::give_back;
+use crate::state::leases::give_back;
 use crate::state::shared::HandleInner;
 
 /// Releases at once, without waiting for work in flight; that work either commits before the
@@ -23,7 +23,7 @@ pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
         // No fence stops that work once the lease is released: it ends first (its transaction
         // rolls back). Work not yet on a backend finds the handle released and stops.
         let backends = handle.backends_in_flight();
-        if let Err(error) = crate::protocol::session_fencing::terminate_work(
+        if let Err(error) = crate::protocol::session_fencing::terminate::terminate_work(
             &router.pool,
             &handle.credentials,
             &backends,

@@ -19,13 +19,14 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::Epoch;
-use crate::protocol::session_fencing::Seal;
-use crate::protocol::tenant_migrations::{after_failed_migration, give_back, migrate_held};
+use crate::protocol::session_fencing::seal::Seal;
+use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
 use crate::state::credentials::Credentials;
+use crate::state::leases::give_back_unused;
 use crate::state::shared::{Acquired, HandleInner, Shared};
-use crate::state::sync::lock;
+use crate::sync::lock;
 
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
 const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine";
@@ -155,7 +156,7 @@ pub(crate) async fn acquire(
     tracing::Span::current().record("epoch", epoch.get());
     let Some(schema) = answer.schema else {
         // Only a creation acquires a tenant without a schema, and this was not one.
-        give_back(shared, &client, id, epoch, &credentials).await;
+        give_back_unused(shared, &client, id, epoch, &credentials).await;
         return Err(Error::TenantNotFound {
             tenant: id.clone(),
             reason: "it was forgotten".to_owned(),
@@ -164,7 +165,7 @@ pub(crate) async fn acquire(
     let code = shared.options.code_version();
     let version = answer.version;
     if version > code {
-        give_back(shared, &client, id, epoch, &credentials).await;
+        give_back_unused(shared, &client, id, epoch, &credentials).await;
         return Err(Error::SchemaAhead {
             tenant: id.clone(),
             found: version,

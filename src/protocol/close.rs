@@ -12,7 +12,7 @@ use crate::id::TenantId;
 use crate::lease::HandleState;
 use crate::protocol::handoff::hand_over;
 use crate::state::shared::{HandleInner, Shared};
-use crate::state::sync::{join_all, lock};
+use crate::sync::{join_all, lock};
 
 /// What [`Router::close`](crate::Router::close) did. Serializes (for a shutdown log line) with each failure as
 /// `{"tenant", "kind", "message"}`.

@@ -150,7 +150,10 @@ async fn entry(
     let router = &handle.router;
     let cached = router.options.statement_cache;
     let pid = if router.session_fencing() {
-        Some(crate::protocol::session_fencing::bound(router, client, &handle.credentials).await?)
+        Some(
+            crate::protocol::session_fencing::bind::bound(router, client, &handle.credentials)
+                .await?,
+        )
     } else {
         None
     };

@@ -16,7 +16,7 @@ use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
 use crate::protocol::acquire::install_handle;
-use crate::protocol::session_fencing::Seal;
+use crate::protocol::session_fencing::seal::Seal;
 use crate::protocol::tenant_migrations::migrate_held;
 use crate::refusal::{self, Scope};
 use crate::sqlstate;

@@ -1,8 +1,9 @@
 //! Handoff (DESIGN §5 "Handoff (lock transfer)"): refuse new work, drain within the drain
 //! timeout (a failed drain leaves the tenant serving), then release the lease, optionally
 //! reserved for a target replica, through the release batcher (`state/releases.rs`), whose
-//! NOTIFY wakes a replica waiting for the tenant. Also the plain `release` (drain however
-//! long), handoff requests (`request_handoff`'s NOTIFY) and answering other replicas' requests.
+//! NOTIFY wakes a replica waiting for the tenant. Also handoff requests (`request_handoff`'s
+//! NOTIFY) and answering other replicas' requests. The plain release, which drains however
+//! long, is `release.rs`.
 
 use std::sync::Arc;
 
@@ -15,18 +16,10 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{HandleState, Journal};
 use crate::options::{validate_replica_id, HandoffPolicy};
+use crate::state::leases::give_back;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
 use crate::state::shared::{HandleInner, Shared};
-use crate::state::sync::lock;
-
-/// Stops taking new work, waits for the work in flight (however long), then releases.
-pub(crate) async fn release(handle: &Arc<HandleInner>) -> Result<()> {
-    if !handle.transition(HandleState::Serving, HandleState::Released) {
-        return Ok(());
-    }
-    handle.wait_idle().await;
-    give_back(handle, Journal::Released, None).await
-}
+use crate::sync::lock;
 
 /// A handoff reserved for `replica`, refused before anything changes unless it names a
 /// registered, live replica.
@@ -76,54 +69,6 @@ pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&str>) -> Re
         return Err(handle.lease_lost("lost"));
     }
     give_back(handle, Journal::HandedOff, to).await
-}
-
-/// Releases the lease (reserved for `to` when given) and reports how it ended.
-pub(crate) async fn give_back(
-    handle: &Arc<HandleInner>,
-    event: Journal,
-    to: Option<&str>,
-) -> Result<()> {
-    let router = &handle.router;
-    router.detach(handle);
-    let reservation = to.map(|replica| (replica, router.options.reservation));
-    let released = match router
-        .releases
-        .release(
-            &handle.id,
-            handle.epoch,
-            &handle.credentials,
-            event,
-            reservation,
-        )
-        .await
-    {
-        Err(Error::NoSuchReplica { replica_id, .. }) => {
-            // The target died between the check before the drain and this release: the
-            // tenant is already drained, so it is released for anyone rather than kept.
-            warn!(tenant = %handle.id, to = %replica_id, "handoff target gone; released without a reservation");
-            router
-                .releases
-                .release(&handle.id, handle.epoch, &handle.credentials, event, None)
-                .await?
-        }
-        released => released?,
-    };
-    let (tenant, epoch) = (handle.id.clone(), handle.epoch);
-    router.emit(match (released, event) {
-        (false, _) => Event::Lost {
-            tenant,
-            epoch,
-            reason: "already taken over when released".to_owned(),
-        },
-        (true, Journal::HandedOff) => Event::HandedOff {
-            tenant,
-            epoch,
-            to: to.map(str::to_owned),
-        },
-        (true, Journal::Released) => Event::Released { tenant, epoch },
-    });
-    Ok(())
 }
 
 /// Asks the owner of `id` (whoever it is) to hand it to this replica: a NOTIFY on

@@ -18,7 +18,7 @@ use crate::options::RouterOptions;
 use crate::protocol::replica_start::{begin_incarnation, LeaseSession};
 use crate::state::credentials::{millis, Credentials};
 use crate::state::shared::{RegistrationFailure, Shared};
-use crate::state::sync::lock;
+use crate::sync::lock;
 
 /// One heartbeat (`pgtenant.heartbeat`, V3): true when renewed, false when the incarnation
 /// expired or was replaced.

@@ -1,21 +1,29 @@
-//! DESIGN §5's protocols, one file each, named after it, its doc at the top. Each imports the
-//! shared state (`crate::state`) and the vocabulary below it, and the protocols it is built of
-//! (an open acquires; an acquisition runs tenant migrations and seals), never a facade:
+//! DESIGN §5's protocols, one file each, named after it, its doc at the top. A protocol imports
+//! the shared state (`crate::state`) and the vocabulary below it. Where DESIGN builds one
+//! protocol of others (an acquisition seals and runs tenant migrations, an open acquires, a
+//! close hands off), it imports those and only those: the table's last column, which
+//! `tests/layers.rs` checks against the code in both directions. The rows are in order, bottom
+//! to top: a protocol is built only of protocols above its row, so no path goes back up and
+//! none has a circle. The first seven rows import nothing but state.
 //!
-//! | DESIGN §5 | file |
-//! |---|---|
-//! | Replica start | `replica_start.rs` |
-//! | Heartbeat | `heartbeat.rs` |
-//! | Acquire tenant | `acquire.rs` |
-//! | Fenced transaction | `fenced_transaction.rs` |
-//! | Data sessions and session fencing (bind, seal, terminate) | `session_fencing.rs` |
-//! | Handoff | `handoff.rs` |
-//! | Abandon | `abandon.rs` |
-//! | Forget | `forget.rs` |
-//! | Sweep | `sweep.rs` |
-//! | Tenant migrations | `tenant_migrations/` (`mod.rs` under a lease, `all.rs` for `migrate_all`) |
-//! | Open path | `open.rs` |
-//! | Close | `close.rs` |
+//! | DESIGN §5 | file | built of |
+//! |---|---|---|
+//! | Session fencing: bind | `session_fencing/bind.rs` | |
+//! | Session fencing: seal | `session_fencing/seal.rs` | |
+//! | Session fencing: terminate | `session_fencing/terminate.rs` | |
+//! | Tenant migrations | `tenant_migrations.rs` | |
+//! | Handoff, release | `handoff.rs`, `release.rs` | |
+//! | Sweep | `sweep.rs` | |
+//! | Session fencing: whether it holds | `session_fencing/mod.rs` | |
+//! | Replica start | `replica_start.rs` | session_fencing |
+//! | Heartbeat | `heartbeat.rs` | replica_start |
+//! | Fenced transaction | `fenced_transaction.rs` | session_fencing::bind |
+//! | Abandon | `abandon.rs` | session_fencing::terminate |
+//! | Acquire tenant | `acquire.rs` | session_fencing::seal, tenant_migrations, abandon |
+//! | Forget (and restore) | `forget.rs` | session_fencing::seal, tenant_migrations, acquire |
+//! | Open path | `open.rs` | acquire, abandon |
+//! | Close | `close.rs` | handoff |
+//! | `migrate_all` | `migrate_all.rs` | tenant_migrations, open, release |
 
 pub(crate) mod abandon;
 pub(crate) mod acquire;
@@ -24,7 +32,9 @@ pub(crate) mod fenced_transaction;
 pub(crate) mod forget;
 pub(crate) mod handoff;
 pub(crate) mod heartbeat;
+pub(crate) mod migrate_all;
 pub(crate) mod open;
+pub(crate) mod release;
 pub(crate) mod replica_start;
 pub(crate) mod session_fencing;
 pub(crate) mod sweep;

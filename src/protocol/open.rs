@@ -18,7 +18,7 @@ use crate::lease::HandleState;
 use crate::protocol::acquire::acquire;
 use crate::state::liveness::FREE_CHANNEL;
 use crate::state::shared::{HandleInner, Shared};
-use crate::state::sync::lock;
+use crate::sync::lock;
 
 /// Serving here already, draining here, or None.
 fn local(shared: &Shared, id: &TenantId) -> Option<Result<Arc<HandleInner>>> {

@@ -17,7 +17,7 @@ use deadpool_postgres::{Object, ObjectId};
 use tokio_postgres::types::Type;
 
 use crate::error::{Error, Result};
-use crate::state::sync::{lock, PooledConnection};
+use crate::sync::{lock, PooledConnection};
 use crate::wire::{Parameters, TOKEN_SETTING, TRANSACTION_SIGNAL};
 
 /// One pooled connection as the data path last left it.

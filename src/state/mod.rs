@@ -1,8 +1,7 @@
 //! The bottom layer: what DESIGN §5's protocols share, and nothing that runs a protocol. A
-//! protocol file imports from here (and from the vocabulary below it), never from another
-//! layer above.
+//! protocol file imports from here and from the vocabulary below it (`tests/layers.rs`
+//! checks); nothing here imports a protocol or a facade.
 //!
-//! * `sync.rs`: the poison-proof mutex lock and `join_all`.
 //! * `credentials.rs`: what an incarnation presents to the control plane (G8), `millis`.
 //! * `liveness.rs`: the current incarnation and its local deadline, read by every handle.
 //! * `shared.rs`: what a replica's router, handles and tasks share (`Shared`), and a handle's
@@ -10,11 +9,12 @@
 //! * `bindings.rs`: session fencing's bookkeeping of bound connections.
 //! * `data_sessions.rs`: what the data path knows of each pooled connection.
 //! * `releases.rs`: the one call of `pgtenant.release`, batched.
+//! * `leases.rs`: how a lease held here ends, whichever protocol ends it (`give_back`).
 
 pub(crate) mod bindings;
 pub(crate) mod credentials;
 pub(crate) mod data_sessions;
+pub(crate) mod leases;
 pub(crate) mod liveness;
 pub(crate) mod releases;
 pub(crate) mod shared;
-pub(crate) mod sync;

@@ -27,7 +27,7 @@ use crate::state::credentials::{millis, Credentials};
 use crate::state::data_sessions::DataSessions;
 use crate::state::liveness::{Liveness, Notice};
 use crate::state::releases::ReleaseQueue;
-use crate::state::sync::lock;
+use crate::sync::lock;
 
 /// Events buffered per subscriber before it starts missing them.
 pub(crate) const EVENT_BUFFER: usize = 1024;

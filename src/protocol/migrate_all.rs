@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::protocol::tenant_migrations::{migrate_held, MigrationOutcome, TenantMigration};
 use crate::state::shared::{HandleInner, Shared};
-use crate::state::sync::{join_all, lock};
+use crate::sync::{join_all, lock};
 
 /// [`Router::migrate_all`](crate::Router::migrate_all).
 pub(crate) async fn migrate_all(
@@ -109,7 +109,7 @@ async fn migrate_one(
                 Some(from) => MigrationOutcome::Migrated { from, to: code },
                 None => MigrationOutcome::UpToDate,
             };
-            let _ = crate::protocol::handoff::release(&handle).await;
+            let _ = crate::protocol::release::release(&handle).await;
             outcome
         }
         Err(error) => failed(error),

@@ -1,8 +1,8 @@
 //! Tenant migrations (DESIGN §5 "Tenant migrations"): the application's migrations, run in a
 //! tenant's schema only under its lease — at creation inside the creating transaction (see
 //! `acquire.rs`), at open when the recorded version is behind, and for every tenant behind by
-//! [`Router::migrate_all`](crate::Router::migrate_all) (`all.rs`, which opens tenants: it sits
-//! above the open path, this file below the acquisition). A failure quarantines the tenant.
+//! [`Router::migrate_all`](crate::Router::migrate_all) (`migrate_all.rs`, which opens tenants:
+//! it sits above the open path, this file below the acquisition). A failure quarantines the tenant.
 
 use refinery::Runner;
 use tokio_postgres::types::Type;
@@ -13,12 +13,11 @@ use crate::control;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
-use crate::lease::{Epoch, Journal};
+use crate::lease::Epoch;
 use crate::migrate::InTransaction;
 use crate::state::credentials::Credentials;
+use crate::state::leases::give_back_unused;
 use crate::state::shared::Shared;
-
-pub(crate) mod all;
 
 /// refinery's history table, unqualified: it resolves to the tenant schema through the
 /// transaction's pinned search_path, so each tenant records its own migrations.
@@ -132,7 +131,7 @@ pub(crate) async fn after_failed_migration(
 ) -> Error {
     let Error::MigrationFailed { cause } = error else {
         if let Some(epoch) = epoch {
-            give_back(shared, client, id, epoch, credentials).await;
+            give_back_unused(shared, client, id, epoch, credentials).await;
         }
         return error;
     };
@@ -171,25 +170,6 @@ pub(crate) async fn after_failed_migration(
         tenant: id.clone(),
         cause,
         repair: MIGRATION_REPAIR.to_owned(),
-    }
-}
-
-/// Gives a lease acquired in vain straight back (a schema ahead of the code, say).
-pub(crate) async fn give_back(
-    shared: &Shared,
-    client: &tokio_postgres::Client,
-    id: &TenantId,
-    epoch: Epoch,
-    credentials: &Credentials,
-) {
-    let released = crate::state::releases::release_now(
-        client,
-        credentials,
-        &[(id, epoch, Journal::Released, None)],
-    )
-    .await;
-    if let Err(error) = released {
-        warn!(tenant = %id, %error, replica = %shared.options.replica_id, "could not give the lease back; it ends with its expiry");
     }
 }
 

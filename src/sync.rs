@@ -1,4 +1,5 @@
-//! Small concurrency tools every layer uses (DESIGN §5, all protocols): a std mutex that
+//! Small concurrency tools every layer uses, the vocabulary's and the state's alike (DESIGN §5,
+//! all protocols): a std mutex that
 //! survives poisoning, joining futures on one task, and the identity of a live pooled
 //! connection.
 
