@@ -273,3 +273,36 @@ fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_proto
     println!("{} modules, {edges} imports", modules.len());
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+#[test]
+fn every_source_file_opens_with_a_doc_naming_its_design_section() {
+    fn walk(dir: &Path, missing: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("src/ is readable") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                walk(&path, missing);
+            } else if path.extension().is_some_and(|ext| ext == "rs")
+                && !path.ends_with("src/lib.rs")
+            {
+                let text = std::fs::read_to_string(&path).expect("a readable source file");
+                let doc: Vec<&str> = text
+                    .lines()
+                    .take_while(|line| line.starts_with("//!"))
+                    .collect();
+                if doc.is_empty() || !doc.iter().any(|line| line.contains("DESIGN")) {
+                    missing.push(path.display().to_string());
+                }
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut missing,
+    );
+    assert!(
+        missing.is_empty(),
+        "these files do not open with a `//!` doc that names their DESIGN section (\"DESIGN §5 \
+         \\\"Heartbeat\\\"\"): {missing:?}"
+    );
+}
