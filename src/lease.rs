@@ -1,5 +1,6 @@
-//! The lease vocabulary: the fencing token ([`Epoch`]), the replica's life it was taken in
-//! ([`Incarnation`]), and the states a handle and a tenant go through.
+//! The lease vocabulary (DESIGN §1 "Vocabulary", §4 "Database layout"): the fencing token
+//! ([`Epoch`]), the replica's life it was taken in ([`Incarnation`]), and the states a handle
+//! and a tenant go through.
 
 use std::fmt;
 
