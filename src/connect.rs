@@ -37,7 +37,7 @@ use tokio_postgres::{
 use crate::error::{Error, Result};
 
 use crate::sqlstate::NOT_PRIMARY;
-use crate::BoxFuture;
+use crate::sync::BoxFuture;
 
 /// Default bound on opening one connection: TCP connect, TLS, startup and authentication.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

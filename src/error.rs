@@ -709,3 +709,25 @@ impl fmt::Display for DbCause<'_> {
 
 /// Convenience alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Parsing a state name (`held`, `free`, …), as the operator filters take it: the error is
+/// here, not in `lease.rs`, which the errors build on.
+impl std::str::FromStr for crate::lease::TenantState {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<crate::lease::TenantState, Error> {
+        use crate::lease::TenantState;
+        TenantState::ALL
+            .into_iter()
+            .chain([TenantState::Absent])
+            .find(|state| state.as_str() == text)
+            .ok_or_else(|| Error::InvalidOption {
+                option: "state",
+                reason: format!(
+                    "{:?} is not a state; use one of {}",
+                    text.chars().take(40).collect::<String>(),
+                    TenantState::ALL.map(TenantState::as_str).join(", ")
+                ),
+            })
+    }
+}

@@ -11,7 +11,7 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::protocol::fenced_transaction::{TenantConnection, Tx};
 use crate::state::shared::HandleInner;
-use crate::BoxFuture;
+use crate::sync::BoxFuture;
 
 pub use crate::state::shared::ActiveWork;
 

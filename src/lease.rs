@@ -199,25 +199,6 @@ impl fmt::Display for TenantState {
     }
 }
 
-impl std::str::FromStr for TenantState {
-    type Err = crate::Error;
-
-    fn from_str(text: &str) -> Result<TenantState, crate::Error> {
-        TenantState::ALL
-            .into_iter()
-            .chain([TenantState::Absent])
-            .find(|state| state.as_str() == text)
-            .ok_or_else(|| crate::Error::InvalidOption {
-                option: "state",
-                reason: format!(
-                    "{:?} is not a state; use one of {}",
-                    text.chars().take(40).collect::<String>(),
-                    TenantState::ALL.map(TenantState::as_str).join(", ")
-                ),
-            })
-    }
-}
-
 /// The journal's events (`pgtenant.history.event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Journal {

@@ -87,9 +87,6 @@ pub use handle::{ActiveWork, TenantHandle};
 pub use options::DEFAULT_MAX_TENANTS_PER_CONNECTION;
 pub use protocol::fenced_transaction::{TenantConnection, TenantTransaction, Tx};
 
-/// A boxed, sendable future: what work passed to [`TenantHandle::run`] returns
-/// (`|tx| Box::pin(async move { … })`).
-pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
@@ -98,6 +95,7 @@ pub use router::{CloseReport, Router, Summary, TenantStatus};
 pub use sqlstate::{
     FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN, NOT_PRIMARY as SQLSTATE_NOT_PRIMARY,
 };
+pub use sync::BoxFuture;
 
 /// The PostgreSQL driver pgtenant is built on, for the types work names (`Row`,
 /// `types::ToSql`, …) without a separate dependency that could drift in version.

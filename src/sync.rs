@@ -5,6 +5,10 @@
 
 use std::sync::{Arc, Mutex, Weak};
 
+/// A boxed, sendable future: what work passed to [`TenantHandle::run`](crate::TenantHandle::run)
+/// returns (`|tx| Box::pin(async move { … })`).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 use deadpool_postgres::{Object, StatementCache};
 
 /// Which pooled connection an entry of per-connection bookkeeping belongs to: its statement

@@ -68,8 +68,59 @@ fn code_only(text: &str) -> String {
     code
 }
 
-/// The modules `text` imports, each as the longest module path a `crate::…` path starts with.
-fn imports(text: &str, names: &BTreeSet<String>, me: &str) -> BTreeSet<String> {
+/// Names at the crate root (`crate::Error`) → the module they come from: `lib.rs`'s `pub use`s,
+/// and `lib` itself for what it defines.
+fn root_names(lib: &str, names: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    // One statement per `;`: a `pub use a::b::{C, D as E};` may span lines.
+    for statement in lib.split(';') {
+        let statement = statement.split_whitespace().collect::<Vec<_>>().join(" ");
+        if let Some(path) = statement.strip_prefix("pub use ") {
+            let (module, items) = match path.split_once("::{") {
+                Some((module, items)) => (module.to_owned(), items.trim_end_matches('}')),
+                None => match path.rsplit_once("::") {
+                    Some((module, item)) => (module.to_owned(), item),
+                    None => continue, // a dependency re-exported whole
+                },
+            };
+            let module = module.trim_start_matches("crate::").to_owned();
+            if !names.contains(&module) {
+                continue;
+            }
+            for item in items.split(',') {
+                let name = item.rsplit(" as ").next().unwrap_or(item).trim();
+                if !name.is_empty() {
+                    out.insert(name.to_owned(), module.clone());
+                }
+            }
+        }
+        for keyword in [
+            "pub type ",
+            "pub struct ",
+            "pub enum ",
+            "pub fn ",
+            "pub const ",
+        ] {
+            if let Some(at) = statement.find(keyword) {
+                let name: String = statement[at + keyword.len()..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(name, "lib".to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// The modules `text` imports, each as the longest module path a `crate::…` path starts with
+/// (a crate-root name as the module it comes from).
+fn imports(
+    text: &str,
+    names: &BTreeSet<String>,
+    root: &BTreeMap<String, String>,
+    me: &str,
+) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     for (at, _) in text.match_indices("crate::") {
         if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
@@ -85,6 +136,12 @@ fn imports(text: &str, names: &BTreeSet<String>, me: &str) -> BTreeSet<String> {
             })
             .take_while(|segment| !segment.is_empty())
             .collect();
+        if let Some(module) = path.first().and_then(|first| root.get(*first)) {
+            if module != me {
+                found.insert(module.clone());
+            }
+            continue;
+        }
         for len in (1..=path.len()).rev() {
             let candidate = path[..len].join("::");
             if names.contains(&candidate) {
@@ -141,9 +198,10 @@ fn protocol_table(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
 fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_protocol_is_built_of() {
     let modules = modules();
     let names: BTreeSet<String> = modules.keys().cloned().collect();
+    let root = root_names(&modules["lib"], &names);
     let graph: BTreeMap<&str, BTreeSet<String>> = modules
         .iter()
-        .map(|(name, text)| (name.as_str(), imports(text, &names, name)))
+        .map(|(name, text)| (name.as_str(), imports(text, &names, &root, name)))
         .collect();
     let mut problems = Vec::new();
 

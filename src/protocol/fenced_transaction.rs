@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::lease::HandleState;
 use crate::sqlstate;
 use crate::state::shared::{CancelOnForget, HandleInner, InFlight};
-use crate::BoxFuture;
+use crate::sync::BoxFuture;
 
 /// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
 /// search_path + the marker cursor). Both forms take (key, epoch, lock key, idle ms) and
