@@ -298,7 +298,8 @@ pub(crate) async fn ensure_current(client: &Client) -> Result<()> {
     Ok(())
 }
 
-async fn read_version(client: &impl tokio_postgres::GenericClient) -> Result<i64> {
+/// The control plane's version on any client (a transaction too): 0 when it has none.
+pub(crate) async fn read_version(client: &impl tokio_postgres::GenericClient) -> Result<i64> {
     let context = "read the control-plane version";
     let exists: bool = client
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])

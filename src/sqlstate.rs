@@ -37,6 +37,12 @@ pub(crate) const DUPLICATE_SCHEMA: &str = "42P06";
 pub(crate) const INVALID_CURSOR_NAME: &str = "34000";
 /// A lock could not be had within `lock_timeout`.
 pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// A relation the query names does not exist (an older control plane, or none).
+pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+/// The function the query calls does not exist (an older control plane).
+pub(crate) const UNDEFINED_FUNCTION: &str = "42883";
+/// The schema named does not exist (no control plane at all).
+pub(crate) const INVALID_SCHEMA_NAME: &str = "3F000";
 
 /// The SQLSTATE of a database error, if the server sent one.
 pub(crate) fn of(error: &tokio_postgres::Error) -> Option<&str> {

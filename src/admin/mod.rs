@@ -121,15 +121,12 @@ async fn query_records(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
     match client.query(&sql(SOURCE), params).await {
-        Err(error) if crate::sqlstate::of(&error) == Some(UNDEFINED_TABLE) => {
+        Err(error) if crate::sqlstate::of(&error) == Some(crate::sqlstate::UNDEFINED_TABLE) => {
             client.query(&sql(LEGACY_SOURCE), params).await
         }
         other => other,
     }
 }
-
-/// SQLSTATE 42P01: a relation the query names does not exist.
-const UNDEFINED_TABLE: &str = "42P01";
 
 fn record(row: &tokio_postgres::Row) -> Result<TenantRecord> {
     let read = Error::db("read a tenant record");
@@ -365,9 +362,6 @@ impl FleetStatus {
     }
 }
 
-/// SQLSTATE 42883: the function the query calls does not exist.
-const UNDEFINED_FUNCTION: &str = "42883";
-
 /// The columns of a [`FleetStatus`], in its order, of the relation `alias`.
 fn fleet_columns(alias: &str) -> String {
     let a = alias;
@@ -600,41 +594,18 @@ async fn query_v10(
         Err(error)
             if matches!(
                 crate::sqlstate::of(&error),
-                Some(UNDEFINED_FUNCTION | UNDEFINED_TABLE | INVALID_SCHEMA_NAME)
+                Some(
+                    crate::sqlstate::UNDEFINED_FUNCTION
+                        | crate::sqlstate::UNDEFINED_TABLE
+                        | crate::sqlstate::INVALID_SCHEMA_NAME
+                )
             ) =>
         {
             Err(Error::ControlPlaneOutdated {
-                found: version_of(client).await?,
+                found: crate::control_plane::read_version(client).await?,
                 needed: LEASE_ROWS_VERSION,
             })
         }
         Err(error) => Err(Error::db(context)(error)),
     }
-}
-
-/// SQLSTATE 3F000: the schema named does not exist (no control plane at all).
-const INVALID_SCHEMA_NAME: &str = "3F000";
-
-/// The control plane's version, as [`control_plane_version`] reads it, on any client.
-async fn version_of(client: &impl GenericClient) -> Result<i64> {
-    let context = "read the control-plane version";
-    let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('pgtenant.refinery_schema_history') IS NOT NULL",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(context))?;
-    if !exists {
-        return Ok(0);
-    }
-    client
-        .query_one(
-            "SELECT coalesce(max(version), 0)::bigint FROM pgtenant.refinery_schema_history",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(context))
 }
