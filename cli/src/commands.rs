@@ -175,16 +175,7 @@ pub(crate) async fn status_of(
     // The fleet and the replicas from one pass over the tenants (two views read one after the
     // other make it twice: 80-100 ms at 100 000 tenants on 2 cores, docs/scale.md).
     let report = pgtenant::admin::status_report(client, view.retention).await?;
-    let mut query = pgtenant::admin::TenantQuery::default();
-    // One more than shown says whether there is a next page.
-    query.limit = view.limit + 1;
-    let mut tenants = pgtenant::admin::list_tenants(client, &query).await?;
-    let next_after = if tenants.len() as i64 > view.limit {
-        tenants.truncate(usize::try_from(view.limit).unwrap_or(usize::MAX));
-        tenants.last().map(|record| record.tenant.clone())
-    } else {
-        None
-    };
+    let (tenants, next_after) = first_tenants(client, view.limit).await?;
     if view.json {
         return output::json(&output::Status {
             control_plane_version: version,
@@ -246,19 +237,36 @@ pub(crate) async fn status_of(
     Ok(())
 }
 
-/// `pgtenant status` on a control plane older than version 10: no fleet summary, the views
-/// as they were.
-async fn legacy_status(client: &Client, version: i64, view: StatusView) -> Result<(), CliError> {
-    let supported = pgtenant::admin::supported_version();
+/// The first `limit` tenants by key, and the key to pass as `--after` for the rest (None when
+/// there is no rest).
+async fn first_tenants(
+    client: &Client,
+    limit: i64,
+) -> Result<
+    (
+        Vec<pgtenant::admin::TenantRecord>,
+        Option<pgtenant::TenantId>,
+    ),
+    CliError,
+> {
     let mut query = pgtenant::admin::TenantQuery::default();
-    query.limit = view.limit + 1;
+    // One more than shown says whether there is a next page.
+    query.limit = limit + 1;
     let mut tenants = pgtenant::admin::list_tenants(client, &query).await?;
-    let next_after = if tenants.len() as i64 > view.limit {
-        tenants.truncate(usize::try_from(view.limit).unwrap_or(usize::MAX));
+    let next_after = if tenants.len() as i64 > limit {
+        tenants.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
         tenants.last().map(|record| record.tenant.clone())
     } else {
         None
     };
+    Ok((tenants, next_after))
+}
+
+/// `pgtenant status` on a control plane older than version 10: no fleet summary, the views
+/// as they were.
+async fn legacy_status(client: &Client, version: i64, view: StatusView) -> Result<(), CliError> {
+    let supported = pgtenant::admin::supported_version();
+    let (tenants, next_after) = first_tenants(client, view.limit).await?;
     if view.json {
         let replicas = client
             .query(
