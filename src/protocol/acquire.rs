@@ -100,12 +100,7 @@ pub(crate) async fn acquire(
     id: &TenantId,
     create: bool,
 ) -> Result<Arc<HandleInner>> {
-    let credentials = shared
-        .liveness
-        .credentials()
-        .ok_or_else(|| Error::ReplicaDown {
-            replica_id: shared.options.replica_id.clone(),
-        })?;
+    let credentials = shared.current_credentials()?;
     let mut client = shared
         .pool
         .get()

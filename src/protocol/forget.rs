@@ -123,12 +123,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
 
 /// Restores a forgotten tenant's newest trashed schema as a new life held by this replica.
 pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<HandleInner>> {
-    let credentials = shared
-        .liveness
-        .credentials()
-        .ok_or_else(|| Error::ReplicaDown {
-            replica_id: shared.options.replica_id.clone(),
-        })?;
+    let credentials = shared.current_credentials()?;
     let context = || format!("restore tenant {id}");
     let scope = Scope {
         doing: "restore a tenant",

@@ -100,6 +100,16 @@ impl Shared {
         }
     }
 
+    /// The current incarnation's credentials, or `ReplicaDown` between incarnations: what a
+    /// new lease (an acquisition, a restore) is taken with.
+    pub(crate) fn current_credentials(&self) -> Result<Arc<Credentials>> {
+        self.liveness
+            .credentials()
+            .ok_or_else(|| Error::ReplicaDown {
+                replica_id: self.options.replica_id.clone(),
+            })
+    }
+
     /// `ReplicaDown` says "registering again"; when only someone's action will end that (a
     /// newer control plane, say), the cause itself is the truer answer.
     pub(crate) fn explain_down(&self, error: Error) -> Error {
