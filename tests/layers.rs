@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// Module path (`protocol::session_fencing::bind`) → its text, without comments and tests.
-fn modules() -> BTreeMap<String, String> {
+/// Module path (`protocol::session_fencing::bind`) → the file's text, as it is.
+fn sources() -> BTreeMap<String, String> {
     fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir)
             .unwrap_or_else(|error| panic!("read {}: {error}", dir.display()))
@@ -41,7 +41,7 @@ fn modules() -> BTreeMap<String, String> {
                 parts.join("::")
             };
             let text = std::fs::read_to_string(&path).expect("a readable source file");
-            out.insert(name, code_only(&text));
+            out.insert(name, text);
         }
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -196,7 +196,11 @@ fn protocol_table(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
 
 #[test]
 fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_protocol_is_built_of() {
-    let modules = modules();
+    let sources = sources();
+    let modules: BTreeMap<String, String> = sources
+        .iter()
+        .map(|(name, text)| (name.clone(), code_only(text)))
+        .collect();
     let names: BTreeSet<String> = modules.keys().cloned().collect();
     let root = root_names(&modules["lib"], &names);
     let graph: BTreeMap<&str, BTreeSet<String>> = modules
@@ -229,16 +233,8 @@ fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_proto
     }
 
     // Protocols: exactly what the table says, and only rows above.
-    let protocol_doc = modules
-        .get("protocol")
-        .map(|_| {
-            std::fs::read_to_string(
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("src/protocol/mod.rs"),
-            )
-            .expect("src/protocol/mod.rs")
-        })
-        .expect("a protocol module");
-    let table = protocol_table(&protocol_doc);
+    // The table is in the doc comment, which `modules` strips.
+    let table = protocol_table(&sources["protocol"]);
     let mut row_of = BTreeMap::new();
     for (row, (files, _)) in table.iter().enumerate() {
         for file in files {
@@ -334,33 +330,20 @@ fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_proto
 
 #[test]
 fn every_source_file_opens_with_a_doc_naming_its_design_section() {
-    fn walk(dir: &Path, missing: &mut Vec<String>) {
-        for entry in std::fs::read_dir(dir).expect("src/ is readable") {
-            let path = entry.expect("a directory entry").path();
-            if path.is_dir() {
-                walk(&path, missing);
-            } else if path.extension().is_some_and(|ext| ext == "rs")
-                && !path.ends_with("src/lib.rs")
-            {
-                let text = std::fs::read_to_string(&path).expect("a readable source file");
-                let doc: Vec<&str> = text
-                    .lines()
-                    .take_while(|line| line.starts_with("//!"))
-                    .collect();
-                if doc.is_empty() || !doc.iter().any(|line| line.contains("DESIGN")) {
-                    missing.push(path.display().to_string());
-                }
-            }
-        }
-    }
-    let mut missing = Vec::new();
-    walk(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-        &mut missing,
-    );
+    let missing: Vec<String> = sources()
+        .into_iter()
+        .filter(|(name, _)| name != "lib")
+        .filter(|(_, text)| {
+            !text
+                .lines()
+                .take_while(|line| line.starts_with("//!"))
+                .any(|line| line.contains("DESIGN"))
+        })
+        .map(|(name, _)| name)
+        .collect();
     assert!(
         missing.is_empty(),
-        "these files do not open with a `//!` doc that names their DESIGN section (\"DESIGN §5 \
+        "these modules do not open with a `//!` doc that names their DESIGN section (\"DESIGN §5 \
          \\\"Heartbeat\\\"\"): {missing:?}"
     );
 }
