@@ -8,26 +8,8 @@ use std::time::Duration;
 
 use pgtenant::admin::{SetupOptions, SweepOptions};
 use pgtenant::{Error, Router};
-use pgtenant_testkit::{TestDatabase, TestRole};
-use support::{options, tenant};
-
-/// A fresh database whose control plane is owned by the superuser, with a non-superuser
-/// application role and operator role granted by `setup_with`.
-async fn granted() -> (TestDatabase, tokio_postgres::Client, TestRole, TestRole) {
-    let db = TestDatabase::create().await.expect("test database");
-    let mut admin = db.connect().await.expect("connect");
-    let app = db.create_role("app").await.expect("app role");
-    let operator = db.create_role("op").await.expect("operator role");
-    pgtenant::admin::setup_with(
-        &mut admin,
-        &SetupOptions::default()
-            .app_role(app.name())
-            .operator_role(operator.name()),
-    )
-    .await
-    .expect("setup with roles");
-    (db, admin, app, operator)
-}
+use pgtenant_testkit::TestDatabase;
+use support::{granted, options, tenant};
 
 fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
     error.code().map(|c| c.code())

@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use pgtenant::admin::{SetupOptions, SweepOptions, TenantQuery};
+use pgtenant::admin::{SweepOptions, TenantQuery};
 use pgtenant::{ActiveWork, Error, Router, TenantHandle, TenantState};
 use pgtenant_testkit::TestDatabase;
 use support::{options, tenant};
@@ -571,18 +571,7 @@ async fn an_older_control_plane_lists_tenants_and_asks_for_setup() {
 /// V10 grants them where roles were granted before).
 #[tokio::test]
 async fn the_granted_roles_read_the_new_views() {
-    let db = TestDatabase::create().await.expect("test database");
-    let mut admin = db.connect().await.expect("connect");
-    let app = db.create_role("app").await.expect("app role");
-    let operator = db.create_role("op").await.expect("operator role");
-    pgtenant::admin::setup_with(
-        &mut admin,
-        &SetupOptions::default()
-            .app_role(app.name())
-            .operator_role(operator.name()),
-    )
-    .await
-    .expect("setup with roles");
+    let (_db, _admin, app, operator) = support::granted().await;
     let router = Router::start(options(app.url(), "ops-app"))
         .await
         .expect("router as app");

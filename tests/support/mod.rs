@@ -20,6 +20,29 @@ pub(crate) async fn database() -> (TestDatabase, tokio_postgres::Client) {
     (db, client)
 }
 
+/// A fresh database whose control plane is owned by the superuser, with a non-superuser
+/// application role and operator role granted by `setup_with`.
+pub(crate) async fn granted() -> (
+    TestDatabase,
+    tokio_postgres::Client,
+    pgtenant_testkit::TestRole,
+    pgtenant_testkit::TestRole,
+) {
+    let db = TestDatabase::create().await.expect("test database");
+    let mut admin = db.connect().await.expect("connect");
+    let app = db.create_role("app").await.expect("app role");
+    let operator = db.create_role("op").await.expect("operator role");
+    pgtenant::admin::setup_with(
+        &mut admin,
+        &pgtenant::admin::SetupOptions::default()
+            .app_role(app.name())
+            .operator_role(operator.name()),
+    )
+    .await
+    .expect("setup with roles");
+    (db, admin, app, operator)
+}
+
 /// The control-plane migrations of every release, in order.
 pub(crate) const CONTROL_PLANE: [(&str, &str); 10] = [
     (
