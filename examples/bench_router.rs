@@ -619,31 +619,6 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
-/// The source measured: git HEAD and how many files differ from it (the working tree is what
-/// was compiled).
-fn source_revision() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    match (
-        git(&["rev-parse", "--short", "HEAD"]),
-        git(&["status", "--porcelain", "--untracked-files=no"]),
-    ) {
-        (Some(head), Some(status)) if status.is_empty() => format!("git {head}, clean"),
-        (Some(head), Some(status)) => format!(
-            "git {head} plus uncommitted changes to {} tracked files (the working tree as compiled)",
-            status.lines().count()
-        ),
-        _ => "unknown (no git)".to_owned(),
-    }
-}
-
 fn yes_no(ok: bool) -> &'static str {
     if ok {
         "yes"
@@ -670,7 +645,7 @@ fn render(
         "- Command: `{COMMAND}` (source: examples/bench_router.rs)"
     );
     let _ = writeln!(w, "- Date: {}", info.server.date);
-    let _ = writeln!(w, "- Source: {}", source_revision());
+    let _ = writeln!(w, "- Source: {}", common::source_revision());
     let _ = writeln!(
         w,
         "- Machine: nproc = {nproc} ({cpu}); shared and noisy, the benchmark and PostgreSQL share the cores"

@@ -1608,7 +1608,7 @@ fn render(
         if cfg.quick { " -- --quick" } else { "" }
     );
     let _ = writeln!(w, "- Date: {}", server.date);
-    let _ = writeln!(w, "- Source: {}", source_revision());
+    let _ = writeln!(w, "- Source: {}", common::source_revision());
     let _ = writeln!(
         w,
         "- Machine: nproc = {nproc} ({cpu}); shared, the benchmark and PostgreSQL share the cores"
@@ -2074,29 +2074,5 @@ fn yes(ok: bool) -> &'static str {
         "yes"
     } else {
         "**no**"
-    }
-}
-
-/// The source measured: git HEAD and how many files differ from it.
-fn source_revision() -> String {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    match (
-        git(&["rev-parse", "--short", "HEAD"]),
-        git(&["status", "--porcelain", "--untracked-files=no"]),
-    ) {
-        (Some(head), Some(status)) if status.is_empty() => format!("git {head}, clean"),
-        (Some(head), Some(status)) => format!(
-            "git {head} plus uncommitted changes to {} tracked files (the working tree as compiled)",
-            status.lines().count()
-        ),
-        _ => "unknown (no git)".to_owned(),
     }
 }

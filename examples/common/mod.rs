@@ -235,3 +235,28 @@ pub(crate) fn load_average() -> String {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "unknown".to_owned())
 }
+
+/// The source measured: git HEAD and how many files differ from it (the working tree is what
+/// was compiled).
+pub(crate) fn source_revision() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    match (
+        git(&["rev-parse", "--short", "HEAD"]),
+        git(&["status", "--porcelain", "--untracked-files=no"]),
+    ) {
+        (Some(head), Some(status)) if status.is_empty() => format!("git {head}, clean"),
+        (Some(head), Some(status)) => format!(
+            "git {head} plus uncommitted changes to {} tracked files (the working tree as compiled)",
+            status.lines().count()
+        ),
+        _ => "unknown (no git)".to_owned(),
+    }
+}
