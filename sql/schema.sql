@@ -15,9 +15,14 @@
 --   V8__seal_per_incarnation
 --   V9__fence_signalled
 --   V10__scale
+--   V11__untracked_work
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
+
+CREATE DOMAIN pgtenant.fenced_transaction AS text
+    CONSTRAINT the_work_ended_the_fenced_transaction CHECK (((VALUE IS NOT NULL) AND (VALUE = 'on'::text)));
+COMMENT ON TYPE pgtenant.fenced_transaction IS 'The commit check of a fenced transaction: current_setting(''pgtenant.fenced'', true) cast to this fails once the transaction the fence began has ended.';
 
 CREATE SEQUENCE pgtenant.history_id_seq AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 NO CYCLE OWNED BY pgtenant.history.id;
 
@@ -443,6 +448,151 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.acquire(text, text, text, text, bigint, text, boolean) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.acquire(p_key text, p_organization text, p_ledger text, p_replica text, p_incarnation bigint, p_secret text, p_create boolean, p_grace_ms integer, p_wait_ms integer, p_terminate_ms bigint)
+ RETURNS TABLE(epoch bigint, schema_name text, forgotten_at_epoch bigint, schema_version integer, previous_owner text, took_over text, quarantine text, lock_key integer)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+DECLARE
+    t pgtenant.tenants%ROWTYPE;
+    me pgtenant.replicas%ROWTYPE;
+    o record;
+    v_took_over text;
+    v_epoch bigint;
+    v_started timestamptz := clock_timestamp();
+    v_deadline timestamptz := clock_timestamp() + greatest(p_wait_ms, 1) * interval '1 millisecond';
+    v_lock_timeout text := current_setting('lock_timeout');
+    v_why text;
+    v_prepared text;
+BEGIN
+    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTL02',
+            MESSAGE = format('replica %s incarnation %s is not registered', p_replica, p_incarnation);
+    END IF;
+    SELECT * INTO me FROM pgtenant.replicas r WHERE r.replica_id = p_replica FOR KEY SHARE;
+    IF NOT FOUND OR me.incarnation <> p_incarnation OR me.released_at IS NOT NULL OR me.expires_at <= clock_timestamp() THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTL02',
+            MESSAGE = format('replica %s incarnation %s is not registered and alive', p_replica, p_incarnation);
+    END IF;
+    IF p_create THEN
+        INSERT INTO pgtenant.tenants (key, organization, ledger)
+        VALUES (p_key, p_organization, p_ledger) ON CONFLICT (key) DO NOTHING;
+    END IF;
+    -- The row, in slices of lock_timeout: between slices, a fence of a superseded lease that
+    -- holds it (REPEATABLE READ and SERIALIZABLE fences lock it KEY SHARE) is ended. Another
+    -- acquisition or a release holds it for milliseconds and is waited for.
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '200ms', true);
+            SELECT * INTO t FROM pgtenant.tenants tt WHERE tt.key = p_key FOR UPDATE;
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            SELECT * INTO t FROM pgtenant.tenants tt WHERE tt.key = p_key;
+            IF t.owner IS NOT NULL AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
+                SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
+                IF o.incarnation = t.owner_incarnation AND o.alive THEN
+                    PERFORM pgtenant.raise_held(p_key, t.owner, t.epoch, o.expires_at, false);
+                END IF;
+            END IF;
+            IF t.owner IS NOT NULL OR clock_timestamp() >= v_started + p_grace_ms * interval '1 millisecond' THEN
+                v_why := pgtenant.end_fence_holders(t.lock_key, p_terminate_ms);
+            END IF;
+            IF clock_timestamp() >= v_deadline THEN
+                RAISE EXCEPTION USING ERRCODE = 'PTL05',
+                    MESSAGE = format('tenant %s: its row stayed locked for %s ms', p_key, p_wait_ms),
+                    DETAIL = coalesce(v_why, format('holders of its fence lock: %s', coalesce(pgtenant.fence_holders(t.lock_key)::text, 'none'))),
+                    HINT = 'retry; if it lasts, pg_stat_activity and pg_locks show the backends that hold it';
+            END IF;
+        END;
+    END LOOP;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+    IF t.key IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTN01', MESSAGE = format('tenant %s does not exist', p_key);
+    END IF;
+    IF t.schema_name IS NULL AND NOT p_create THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTN01',
+            MESSAGE = format('tenant %s has no live schema (forgotten at epoch %s)', p_key, t.forgotten_at_epoch);
+    END IF;
+    IF t.quarantine_cause IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTQ01',
+            MESSAGE = format('tenant %s is quarantined: %s', p_key, t.quarantine_cause),
+            DETAIL = json_build_object('cause', t.quarantine_cause, 'repair', t.quarantine_repair)::text;
+    END IF;
+    IF t.owner IS NOT NULL AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
+        SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
+        IF o.incarnation = t.owner_incarnation AND o.alive THEN
+            PERFORM pgtenant.raise_held(p_key, t.owner, t.epoch, o.expires_at, false);
+        END IF;
+        v_took_over := CASE WHEN o.incarnation = t.owner_incarnation AND o.lock_held THEN 'stalled' ELSE 'dead' END;
+        -- Session fencing: before the epoch moves, the owner's incarnation is sealed and its
+        -- data sessions terminated (a no-op for an owner that did not declare it). The epoch's
+        -- UPDATE seals again (trigger seal_on_takeover).
+        PERFORM pgtenant.seal_incarnation(t.owner, t.owner_incarnation);
+        PERFORM pgtenant.terminate_bound(t.owner, t.owner_incarnation, NULL, p_terminate_ms);
+    END IF;
+    IF t.owner IS NULL AND t.reserved_for IS DISTINCT FROM p_replica AND t.reserved_until > now() THEN
+        PERFORM pgtenant.raise_held(p_key, t.reserved_for, t.epoch, t.reserved_until, true);
+    END IF;
+    -- A tenant whose schema vanished behind pgtenant's back is the tenant's fault, not the
+    -- database's: quarantine it (committed, so status shows it) instead of serving nothing.
+    -- (V1's quarantine(4), inlined: sql/retire_v1_overloads.sql drops it.)
+    IF t.schema_name IS NOT NULL AND to_regnamespace(t.schema_name) IS NULL THEN
+        UPDATE pgtenant.tenants tt
+           SET quarantine_cause = format('schema %s is missing', t.schema_name),
+               quarantine_repair = 'restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine',
+               quarantined_at = now(), owner = NULL, owner_incarnation = NULL
+         WHERE tt.key = p_key;
+        INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, detail)
+        VALUES (p_key, 'quarantined', t.epoch, p_replica, format('schema %s is missing', t.schema_name));
+        RETURN QUERY SELECT t.epoch, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner,
+                            NULL::text, format('schema %s is missing', t.schema_name), t.lock_key;
+        RETURN;
+    END IF;
+    -- A prepared transaction that touched the tenant could be committed after the epoch moved:
+    -- the epoch stays until it is gone (the caller rolls it back and tries again).
+    IF t.schema_name IS NOT NULL AND EXISTS (SELECT 1 FROM pg_prepared_xacts x WHERE x.database = current_database()) THEN
+        v_prepared := pgtenant.prepared_holders(t.schema_name, t.lock_key);
+        IF v_prepared IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTX01',
+                MESSAGE = format('tenant %s is held by prepared transactions (PREPARE TRANSACTION inside its work): its epoch cannot move until they are gone', p_key),
+                DETAIL = v_prepared,
+                HINT = 'ROLLBACK PREPARED each, as the role that prepared it; pgtenant does this itself when it can';
+        END IF;
+    END IF;
+    -- The serialization point: every fenced transaction in flight holds this lock shared until
+    -- it ends; fences that start later see the new epoch. Those of a superseded lease are ended
+    -- rather than waited for without end (see the header).
+    LOOP
+        EXIT WHEN pg_try_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
+        IF v_took_over IS NOT NULL OR clock_timestamp() >= v_started + p_grace_ms * interval '1 millisecond' THEN
+            v_why := pgtenant.end_fence_holders(t.lock_key, p_terminate_ms);
+        END IF;
+        IF clock_timestamp() >= v_deadline THEN
+            RAISE EXCEPTION USING ERRCODE = 'PTL05',
+                MESSAGE = format('tenant %s: fenced transactions of its previous lease still held it after %s ms', p_key, p_wait_ms),
+                DETAIL = coalesce(v_why, format('holders of its fence lock: %s', coalesce(pgtenant.fence_holders(t.lock_key)::text, 'none'))),
+                HINT = 'retry; to let pgtenant end such backends itself, the control plane''s owner needs the right to terminate them (a member of pg_signal_backend, or of the application role)';
+        END IF;
+        PERFORM pg_sleep(0.002);
+    END LOOP;
+    v_epoch := pgtenant.next_epoch(t.epoch);
+    UPDATE pgtenant.tenants tt
+       SET epoch = v_epoch, owner = p_replica, owner_incarnation = p_incarnation,
+           acquired_at = now(), reserved_for = NULL, reserved_until = NULL
+     WHERE tt.key = p_key;
+    IF v_took_over IS NOT NULL THEN
+        INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+        VALUES (p_key, 'broken', t.epoch, t.owner, t.owner_incarnation,
+                format('taken over by %s: owner %s', p_replica, v_took_over));
+    END IF;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, 'acquired', v_epoch, p_replica, p_incarnation,
+            CASE WHEN v_took_over IS NOT NULL THEN format('from %s (%s)', t.owner, v_took_over) END);
+    RETURN QUERY SELECT v_epoch, t.schema_name, t.forgotten_at_epoch, t.schema_version, t.owner, v_took_over, NULL::text, t.lock_key;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.acquire(text, text, text, text, bigint, text, boolean, integer, integer, bigint) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.authenticate(p_replica text, p_incarnation bigint, p_secret text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -610,6 +760,33 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.deregister(text, bigint, text) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.end_fence_holders(p_lock integer, p_timeout_ms bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+ SET client_min_messages TO 'error'
+AS $function$
+DECLARE
+    v_pid integer;
+    v_left integer[];
+BEGIN
+    FOREACH v_pid IN ARRAY coalesce(pgtenant.fence_holders(p_lock), '{}') LOOP
+        BEGIN
+            -- With a timeout it waits for the backend to exit (false: still there).
+            IF NOT pg_terminate_backend(v_pid, greatest(p_timeout_ms, 1)) THEN
+                v_left := v_left || v_pid;
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RETURN format('backend %s holds the fence lock and the control plane''s owner (%s) may not terminate it', v_pid, current_user);
+        END;
+    END LOOP;
+    IF v_left IS NOT NULL THEN
+        RETURN format('backends %s were terminated but did not exit within %s ms', v_left, p_timeout_ms);
+    END IF;
+    RETURN NULL;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.end_fence_holders(integer, bigint) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.enter(p_key text, p_schema text)
  RETURNS void
  LANGUAGE plpgsql
@@ -623,6 +800,7 @@ BEGIN
         PERFORM pgtenant.reset_session(p_key);
     END IF;
     PERFORM pg_catalog.set_config('search_path', p_schema OPERATOR(pg_catalog.||) ', pg_temp', true);
+    PERFORM pg_catalog.set_config('pgtenant.fenced', 'on', true);
     OPEN v_marker FOR SELECT 1;
 END $function$;
 
@@ -671,9 +849,12 @@ BEGIN
                                pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true)) s
          WHERE t.key OPERATOR(pg_catalog.=) p_key;
     ELSE
+        -- The row lock is the serialization point here; the shared lock after it only makes
+        -- the fence visible to an acquirer that must end it (V11).
         SELECT r.epoch, r.owner, r.schema_name, r.forgotten_at_epoch, r.lock_key
           INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
           FROM pgtenant.lock_tenant_row(p_key) r;
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885828146, p_lock);
         PERFORM pg_catalog.set_config('search_path', coalesce(v_schema OPERATOR(pg_catalog.||) ', pg_temp', 'pg_catalog, pg_temp'), true),
                 pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
     END IF;
@@ -688,9 +869,25 @@ BEGIN
        OR v_forgotten OPERATOR(pg_catalog.>=) p_epoch THEN
         PERFORM pgtenant.fence_refusal(p_key, p_epoch, v_epoch, v_owner, v_schema, v_forgotten);
     END IF;
+    PERFORM pg_catalog.set_config('pgtenant.fenced', 'on', true);
     OPEN v_marker FOR SELECT 1;
     RETURN v_schema;
 END $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.fence_holders(p_lock integer)
+ RETURNS integer[]
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+    SELECT array_agg(DISTINCT l.pid ORDER BY l.pid)
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+       AND l.classid = pgtenant.tenant_lock_namespace()::oid AND l.objid = p_lock::oid
+       AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+       AND l.mode = 'ShareLock' AND l.pid IS NOT NULL AND l.pid <> pg_backend_pid()
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.fence_holders(integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.fence_read(p_key text, p_epoch bigint, p_lock integer, p_idle_ms text)
  RETURNS text
@@ -724,6 +921,7 @@ BEGIN
     END IF;
     PERFORM pg_catalog.set_config('search_path', v_schema OPERATOR(pg_catalog.||) ', pg_temp', true),
             pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true);
+    PERFORM pg_catalog.set_config('pgtenant.fenced', 'on', true);
     OPEN v_marker FOR SELECT 1;
     RETURN v_schema;
 END $function$;
@@ -754,7 +952,8 @@ BEGIN
     END IF;
     PERFORM pg_catalog.set_config('search_path', v_schema OPERATOR(pg_catalog.||) ', pg_temp', true),
             pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true),
-            pg_catalog.set_config('default_transaction_read_only', 'off', true);
+            pg_catalog.set_config('default_transaction_read_only', 'off', true),
+            pg_catalog.set_config('pgtenant.fenced', 'on', true);
     RETURN v_schema;
 END $function$;
 
@@ -801,9 +1000,13 @@ BEGIN
           INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
           FROM pgtenant.tenants t WHERE t.key OPERATOR(pg_catalog.=) p_key;
     ELSE
+        -- The snapshot predates any lock: the row lock refuses a row updated since (40001)
+        -- and is the serialization point; the shared lock after it (the order acquire takes
+        -- them in) only makes the fence visible to an acquirer that must end it.
         SELECT r.epoch, r.owner, r.schema_name, r.forgotten_at_epoch, r.lock_key
           INTO v_epoch, v_owner, v_schema, v_forgotten, v_lock
           FROM pgtenant.lock_tenant_row(p_key) r;
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(1885828146, p_lock);
     END IF;
     IF v_lock IS DISTINCT FROM p_lock THEN
         -- The wrong lock would not serialize with this tenant's acquisitions: never pass.
@@ -818,7 +1021,8 @@ BEGIN
     END IF;
     PERFORM pg_catalog.set_config('search_path', v_schema OPERATOR(pg_catalog.||) ', pg_temp', true),
             pg_catalog.set_config('idle_in_transaction_session_timeout', p_idle_ms, true),
-            pg_catalog.set_config('default_transaction_read_only', 'off', true);
+            pg_catalog.set_config('default_transaction_read_only', 'off', true),
+            pg_catalog.set_config('pgtenant.fenced', 'on', true);
     RETURN v_schema;
 END $function$;
 
@@ -897,6 +1101,9 @@ BEGIN
     PERFORM pgtenant.grant_roles_before_v10(p_app, p_operator);
     IF p_app IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status TO %I', p_app);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+            pgtenant.acquire(text, text, text, text, bigint, text, boolean, integer, integer, bigint)
+            TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
         EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status, pgtenant.sweep_backlog TO %I',
@@ -1010,6 +1217,33 @@ CREATE OR REPLACE FUNCTION pgtenant.next_epoch(p_current bigint)
 AS $function$
     SELECT GREATEST(p_current OPERATOR(pg_catalog.+) 1, pgtenant.epoch_floor())
 $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.prepared_holders(p_schema text, p_lock integer)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+    -- A prepared transaction keeps every lock it held, with no backend: pg_locks shows them
+    -- under the virtual transaction '-1/<xid>'. What it did to the tenant's ledger holds a lock
+    -- on one of the schema's relations or on the schema itself; a fence, the fence lock.
+    SELECT json_agg(json_build_object('gid', x.gid, 'owner', x.owner, 'prepared', x.prepared)
+                    ORDER BY x.prepared)::text
+      FROM pg_prepared_xacts x
+     WHERE x.database = current_database()
+       AND EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.virtualtransaction = '-1/' || x.transaction::text
+              AND ((l.locktype = 'relation'
+                    AND l.relation IN (SELECT c.oid FROM pg_class c
+                                        WHERE c.relnamespace = to_regnamespace(p_schema)))
+                   OR (l.locktype = 'object' AND l.classid = 'pg_namespace'::regclass
+                       AND l.objid = to_regnamespace(p_schema))
+                   OR (l.locktype = 'advisory' AND l.objsubid = 2
+                       AND l.classid = pgtenant.tenant_lock_namespace()::oid
+                       AND l.objid = p_lock::oid)))
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.prepared_holders(text, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.prune(p_history_ms bigint, p_replicas_ms bigint)
  RETURNS TABLE(history_pruned bigint, replicas_pruned bigint)

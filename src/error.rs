@@ -384,6 +384,24 @@ pub enum Error {
         reason: String,
     },
 
+    /// The tenant's epoch could not move because work of its previous lease still held it and
+    /// could not be ended: backends inside fenced transactions that pgtenant may not terminate
+    /// (retryable: they may end by themselves), or prepared transactions (`PREPARE
+    /// TRANSACTION` inside fenced work) that it could not roll back (not retryable: someone
+    /// must roll them back). Nothing moved.
+    #[error("tenant {tenant} was not acquired: {message}; {hint}")]
+    #[non_exhaustive]
+    StaleWork {
+        /// The tenant.
+        tenant: TenantId,
+        /// What holds it (the database's words).
+        message: String,
+        /// What to do about it.
+        hint: String,
+        /// Whether retrying may succeed without anyone acting.
+        retryable: bool,
+    },
+
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
     #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
@@ -411,6 +429,7 @@ impl Error {
             | Error::ConnectionStuck { .. }
             | Error::SealIncomplete { .. }
             | Error::OpenTimeout { .. } => true,
+            Error::StaleWork { retryable, .. } => *retryable,
             _ => false,
         }
     }
@@ -518,6 +537,10 @@ impl Error {
             | Error::MigrationFailed { .. }
             | Error::SchemaAhead { .. }
             | Error::RestoreRefused { .. } => ErrorKind::Tenant,
+            Error::StaleWork {
+                retryable: true, ..
+            } => ErrorKind::Unavailable,
+            Error::StaleWork { .. } => ErrorKind::Tenant,
             Error::AtCapacity { .. }
             | Error::Draining { .. }
             | Error::DrainTimeout { .. }

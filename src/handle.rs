@@ -87,9 +87,18 @@ impl TenantHandle {
     ///
     /// The fence statement is sent ahead of the work's first statement on the same connection
     /// (pipelined), so it costs no extra round trip. `search_path` is the tenant's schema (then
-    /// `pg_temp`) for this transaction only. If the work fails, is cancelled (the future
-    /// dropped) or panics, the transaction rolls back. `Ok` means committed. The work may
-    /// borrow from the caller; `tx` derefs to the driver's transaction.
+    /// `pg_temp`) for this transaction only. If the work fails or panics, the transaction rolls
+    /// back. `Ok` means committed. The work may borrow from the caller; `tx` derefs to the
+    /// driver's transaction.
+    ///
+    /// Cancel-safe: if this future is dropped (a client disconnected, a `timeout`, a
+    /// `select!`) before it returns, the work may or may not have committed, exactly as if it
+    /// had run to its end before the lease ended: a `COMMIT` already on the wire commits under
+    /// this lease or not at all, never after the lease has moved. The work counts in flight,
+    /// and its connection serves no one else, until its backend has answered (or, if it does not
+    /// answer within the stuck timeout, has been terminated), so a handoff, release, abandon or
+    /// forget waits for it. The same holds for [`Error::ConnectionStuck`] from the commit. To
+    /// retry such an ambiguous outcome safely, use [`TenantHandle::run_once`].
     ///
     /// ```no_run
     /// # async fn example(tenant: &pgtenant::TenantHandle, name: &str) -> pgtenant::Result<()> {
@@ -124,6 +133,41 @@ impl TenantHandle {
         F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
     {
         crate::protocol::fenced_transaction::run(&self.inner, true, work).await
+    }
+
+    /// Runs `work` at most once per `request` id: like [`TenantHandle::run`], and the outcome
+    /// is recorded (as JSON) in the same fenced transaction as the work's effect, in the
+    /// tenant's table `pgtenant_requests`. A later call with the same id, within
+    /// [`RouterOptions::request_retention`](crate::RouterOptions::request_retention), returns
+    /// the recorded outcome without running the work: retry freely after a timeout, a dropped
+    /// future, a stuck COMMIT or a lost connection, whose outcome is otherwise unknown, and the
+    /// work is done once. Concurrent calls with the same id: one commits, the others return its
+    /// outcome. Errors are not recorded (nothing committed): a retry after an error runs the
+    /// work again. Use the client's idempotency key, or a UUID per logical request.
+    ///
+    /// ```no_run
+    /// # async fn example(tenant: &pgtenant::TenantHandle, request: &str) -> pgtenant::Result<()> {
+    /// let id: i64 = tenant
+    ///     .run_once(request, |tx| Box::pin(async move {
+    ///         let row = tx.query_one("INSERT INTO payments (cents) VALUES (500) RETURNING id", &[]).await?;
+    ///         Ok::<_, pgtenant::Error>(row.get(0))
+    ///     }))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TenantHandle::run`]; [`Error::InvalidOption`] for an empty request id or one over
+    /// 200 bytes (before anything runs); [`Error::UnexpectedReply`] when the id's recorded
+    /// outcome does not decode as `T` (the id was used for other work).
+    #[tracing::instrument(name = "pgtenant.run_once", skip_all, fields(tenant = %self.inner.id, epoch = %self.inner.epoch))]
+    pub async fn run_once<'a, T, E, F>(&self, request: &str, work: F) -> Result<T, E>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send,
+        E: From<Error> + Send,
+        F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>> + Send + 'a,
+    {
+        crate::protocol::fenced_transaction::once::run_once(&self.inner, request, work).await
     }
 
     /// A data connection for this tenant, on which [`TenantConnection::begin`] opens fenced

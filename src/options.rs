@@ -44,6 +44,7 @@ pub struct RouterOptions {
     pub(crate) read_only_data_sessions: bool,
     pub(crate) fencing: Fencing,
     pub(crate) stuck_timeout: Duration,
+    pub(crate) request_retention: Duration,
     pub(crate) connector: Connector,
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) renewal_events: bool,
@@ -157,6 +158,7 @@ impl RouterOptions {
             read_only_data_sessions: true,
             fencing: Fencing::Auto,
             stuck_timeout: Duration::from_secs(30),
+            request_retention: Duration::from_secs(24 * 3600),
             connector: Connector::default(),
             connect_timeout: None,
             renewal_events: false,
@@ -403,6 +405,15 @@ impl RouterOptions {
         self
     }
 
+    /// How long [`TenantHandle::run_once`](crate::TenantHandle::run_once) keeps a request's
+    /// recorded outcome, so that a retry within it returns that outcome instead of running the
+    /// work again (default 24 h, range 1 s..=366 days). Make it longer than your clients retry.
+    #[must_use]
+    pub fn request_retention(mut self, retention: Duration) -> Self {
+        self.request_retention = retention;
+        self
+    }
+
     /// Connects with TLS: the lease session, the pooler probe, the default data-path pool and
     /// cancel requests all use `tls` (default: no TLS, as `tokio_postgres::NoTls`). Any
     /// tokio-postgres connector fits, e.g. `tokio_postgres_rustls::MakeRustlsConnect` or
@@ -528,6 +539,12 @@ impl RouterOptions {
         in_range("drain_timeout", self.drain_timeout, MS..=HOUR, "")?;
         in_range("open_timeout", self.open_timeout, MS..=HOUR, "")?;
         in_range("stuck_timeout", self.stuck_timeout, MS..=HOUR, "")?;
+        in_range(
+            "request_retention",
+            self.request_retention,
+            Duration::from_secs(1)..=Duration::from_secs(366 * 24 * 3600),
+            "",
+        )?;
         in_range(
             "reservation",
             self.reservation,

@@ -94,6 +94,21 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
             tenant,
             message: db.message().to_owned(),
         }),
+        (STALE_WORK, Some(tenant)) => Some(Error::StaleWork {
+            tenant,
+            message: match db.detail() {
+                Some(detail) => format!("{} ({detail})", db.message()),
+                None => db.message().to_owned(),
+            },
+            hint: db.hint().unwrap_or("retry").to_owned(),
+            retryable: true,
+        }),
+        (PREPARED, Some(tenant)) => Some(Error::StaleWork {
+            tenant,
+            message: format!("{} ({})", db.message(), db.detail().unwrap_or_default()),
+            hint: db.hint().unwrap_or_default().to_owned(),
+            retryable: false,
+        }),
         (RESTORE_REFUSED, Some(tenant)) => Some(Error::RestoreRefused {
             tenant,
             reason: db.message().to_owned(),

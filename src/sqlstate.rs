@@ -33,8 +33,16 @@ pub(crate) const SEAL_INCOMPLETE: &str = "PTE01";
 pub(crate) const SEALED: &str = "PTE02";
 /// A schema name is taken (`CREATE SCHEMA`, `ALTER SCHEMA … RENAME`).
 pub(crate) const DUPLICATE_SCHEMA: &str = "42P06";
-/// `CLOSE` of a cursor that does not exist: the fenced transaction's marker is gone.
-pub(crate) const INVALID_CURSOR_NAME: &str = "34000";
+/// `acquire`: fenced transactions of the tenant's previous lease held it past the bound and
+/// could not be ended (retryable; DETAIL says which backends and why).
+pub(crate) const STALE_WORK: &str = "PTL05";
+/// `acquire`: prepared transactions (PREPARE TRANSACTION inside fenced work) hold the tenant
+/// (DETAIL: JSON list of gid, owner, prepared).
+pub(crate) const PREPARED: &str = "PTX01";
+/// `ROLLBACK PREPARED` of a transaction that no longer exists.
+pub(crate) const UNDEFINED_OBJECT: &str = "42704";
+/// A statement in a transaction that an earlier error aborted.
+pub(crate) const IN_FAILED_TRANSACTION: &str = "25P02";
 /// A lock could not be had within `lock_timeout`.
 pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// A relation the query names does not exist (an older control plane, or none).

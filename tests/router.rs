@@ -611,11 +611,68 @@ async fn a_tenant_whose_schema_vanished_is_quarantined_until_cleared() {
 
 #[tokio::test]
 async fn an_open_that_times_out_releases_the_late_lease() {
-    let (db, mut client) = database().await;
-    let router = Router::start(options(db.url(), "hasty").open_timeout(Duration::from_millis(200)))
+    let (db, _client) = database().await;
+    let v1 = ("V1__log", "CREATE TABLE log (n bigint)");
+    // The second migration outlasts the open: the acquisition succeeds, the migration under its
+    // lease finishes after the open gave up.
+    let v2 = ("V2__slow", "SELECT pg_sleep(0.6)");
+    let first = Router::start(options(db.url(), "first").tenant_migrations([v1]).unwrap())
         .await
         .unwrap();
     let id = tenant("late");
+    first
+        .open_or_create(&id)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    first.close().await;
+    let router = Router::start(
+        options(db.url(), "hasty")
+            .open_timeout(Duration::from_millis(300))
+            .tenant_migrations([v1, v2])
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut events = router.subscribe();
+    let error = router.open(&id).await.unwrap_err();
+    assert!(
+        matches!(error, Error::OpenTimeout { .. }) && error.is_retryable(),
+        "{error}"
+    );
+    // The acquisition completes late, and is given back rather than leaked.
+    assert!(matches!(
+        next_for(&mut events, id.key()).await,
+        Event::Acquired { .. }
+    ));
+    loop {
+        if let Event::Released { .. } = next_for(&mut events, id.key()).await {
+            break;
+        }
+    }
+    assert!(router.handle_of(&id).is_none());
+    let status = router.status(&id).await.unwrap();
+    assert_eq!((status.state.as_str(), status.owner), ("free", None));
+    router.close().await;
+}
+
+/// Issue 25: an open that timed out left its acquisition waiting on the tenant's lock, holding
+/// a pool connection, and each retry started another beside it until the pool drained. Now one
+/// acquisition per tenant runs at a time whatever the retries, and it gives up within the open
+/// timeout; other tenants keep opening meanwhile.
+#[tokio::test]
+async fn retried_opens_never_stack_acquisitions() {
+    let (db, mut client) = database().await;
+    let router = Router::start(
+        options(db.url(), "retrier")
+            .open_timeout(Duration::from_millis(300))
+            .pool_size(4),
+    )
+    .await
+    .unwrap();
+    let id = tenant("locked");
     router
         .open_or_create(&id)
         .await
@@ -623,8 +680,7 @@ async fn an_open_that_times_out_releases_the_late_lease() {
         .release()
         .await
         .unwrap();
-    let mut events = router.subscribe();
-    // Hold the tenant row, so the acquisition waits past the open timeout.
+    // Hold the tenant row, as a stuck operator session would: the acquisition cannot proceed.
     let blocker = client.transaction().await.unwrap();
     blocker
         .execute(
@@ -633,24 +689,32 @@ async fn an_open_that_times_out_releases_the_late_lease() {
         )
         .await
         .unwrap();
-    let error = router.open(&id).await.unwrap_err();
-    assert!(
-        matches!(error, Error::OpenTimeout { .. }) && error.is_retryable(),
-        "{error}"
-    );
+    let mut most = 0;
+    for attempt in 0..12 {
+        let error = router.open(&id).await.unwrap_err();
+        assert!(error.is_retryable(), "{error}");
+        let running: i64 = blocker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND query LIKE '%pgtenant.acquire(%'
+                    AND state = 'active' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        most = most.max(running);
+        // Another tenant opens meanwhile: the pool is not drained by waiting acquisitions.
+        let other = router
+            .open_or_create(&tenant(&format!("other{attempt}")))
+            .await
+            .unwrap();
+        other.release().await.unwrap();
+    }
+    assert!(most <= 1, "{most} acquisitions of one tenant ran at once");
     blocker.commit().await.unwrap();
-    // The acquisition completes late, and is given back rather than leaked.
-    assert!(matches!(
-        next_for(&mut events, id.key()).await,
-        Event::Acquired { .. }
-    ));
-    assert!(matches!(
-        next_for(&mut events, id.key()).await,
-        Event::Released { .. }
-    ));
-    assert!(router.handle_of(&id).is_none());
-    let status = router.status(&id).await.unwrap();
-    assert_eq!((status.state.as_str(), status.owner), ("free", None));
+    let handle = support::take_over(&router, &id, Duration::from_secs(10)).await;
+    assert!(handle.is_serving());
     router.close().await;
 }
 

@@ -19,11 +19,11 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::Epoch;
-use crate::protocol::session_fencing::seal::Seal;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
-use crate::state::credentials::Credentials;
+use crate::state::bindings::TERMINATE_TIMEOUT;
+use crate::state::credentials::{millis, Credentials};
 use crate::state::leases::give_back_unused;
 use crate::state::shared::{Acquired, HandleInner, Shared};
 use crate::sync::lock;
@@ -31,9 +31,17 @@ use crate::sync::lock;
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
 const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine";
 
+/// `pgtenant.acquire` (V11): authenticates, locks the tenant's row, seals a dead or expired
+/// session-fenced owner, refuses while prepared transactions hold the tenant, ends the fenced
+/// transactions of a superseded lease that still hold it (at once for a takeover, after the
+/// grace for a lease given back), bumps the epoch. Every wait is bounded.
 const ACQUIRE_SQL: &str =
     "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
-       FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7)";
+       FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// How many times an acquisition rolls back prepared transactions that hold the tenant and
+/// tries again before it reports them.
+const PREPARED_ROUNDS: usize = 2;
 
 /// What `pgtenant.acquire` answered.
 struct Answer {
@@ -67,13 +75,35 @@ impl Answer {
     }
 }
 
+/// `pgtenant.acquire`'s parameters besides the tenant and the credentials: the bounds.
+struct Bounds {
+    /// How long fenced transactions of a lease that was given back may go on before they are
+    /// ended (an abandon's work usually commits within milliseconds): one ttl.
+    grace_ms: i32,
+    /// The bound on all the waits of one acquisition: the open's.
+    wait_ms: i32,
+    /// How long a termination waits for the backend to exit.
+    terminate_ms: i64,
+}
+
+impl Bounds {
+    fn of(shared: &Shared) -> Bounds {
+        Bounds {
+            grace_ms: millis(shared.options.ttl),
+            wait_ms: millis(shared.options.open_timeout),
+            terminate_ms: i64::from(millis(TERMINATE_TIMEOUT)),
+        }
+    }
+}
+
 /// `pgtenant.acquire`'s parameters, in order.
 fn acquire_params<'p>(
     (key, organization, ledger, secret): &'p (&str, &str, &str, &str),
     credentials: &'p Credentials,
     incarnation: &'p i64,
     create: &'p bool,
-) -> [(&'p (dyn ToSql + Sync), Type); 7] {
+    bounds: &'p Bounds,
+) -> [(&'p (dyn ToSql + Sync), Type); 10] {
     [
         (key, Type::TEXT),
         (organization, Type::TEXT),
@@ -82,7 +112,48 @@ fn acquire_params<'p>(
         (incarnation, Type::INT8),
         (secret, Type::TEXT),
         (create, Type::BOOL),
+        (&bounds.grace_ms, Type::INT4),
+        (&bounds.wait_ms, Type::INT4),
+        (&bounds.terminate_ms, Type::INT8),
     ]
+}
+
+/// Rolls back the prepared transactions a PTX01 names (DETAIL: a JSON list of `gid`s), as
+/// the application role, which prepared them: `ROLLBACK PREPARED` runs outside any
+/// transaction, so the acquisition cannot do it itself. Err when one could not be.
+async fn roll_back_prepared(
+    client: &tokio_postgres::Client,
+    error: &tokio_postgres::Error,
+) -> std::result::Result<(), String> {
+    #[derive(serde::Deserialize)]
+    struct Prepared {
+        gid: String,
+    }
+    let detail = error
+        .as_db_error()
+        .and_then(|db| db.detail())
+        .unwrap_or_default();
+    let prepared: Vec<Prepared> = serde_json::from_str(detail)
+        .map_err(|parse| format!("unreadable list of prepared transactions ({parse})"))?;
+    for Prepared { gid } in prepared {
+        // A string literal (ROLLBACK PREPARED takes no parameter): quotes doubled, and
+        // standard_conforming_strings keeps backslashes literal.
+        let sql = format!("ROLLBACK PREPARED '{}'", gid.replace('\'', "''"));
+        if let Err(failed) = client.batch_execute(&sql).await {
+            // Gone meanwhile (committed or rolled back by someone else) is what we wanted.
+            if sqlstate::of(&failed) != Some(sqlstate::UNDEFINED_OBJECT) {
+                return Err(format!(
+                    "ROLLBACK PREPARED '{gid}' failed: {}",
+                    crate::error::DbCause(&failed)
+                ));
+            }
+        }
+        warn!(
+            gid,
+            "rolled back a prepared transaction that held the tenant"
+        );
+    }
+    Ok(())
 }
 
 fn scope<'a>(id: &'a TenantId, credentials: &'a Credentials) -> Scope<'a> {
@@ -115,17 +186,39 @@ pub(crate) async fn acquire(
         credentials.secret(),
     );
     let incarnation = credentials.incarnation.get();
-    // Before the epoch moves away from a dead or expired owner, its incarnation is sealed and
-    // its data sessions terminated, in the same transaction (session fencing; a no-op for a
-    // free tenant or a live owner).
-    let seal = Seal::new(texts.0, &credentials);
-    let opened = control::call_after(
-        &client,
-        (Seal::SQL, &seal.params()),
-        ACQUIRE_SQL,
-        &acquire_params(&texts, &credentials, &incarnation, &false),
-    )
-    .await
+    let bounds = Bounds::of(shared);
+    // Work of an earlier lease of this tenant held by this incarnation must be over first: the
+    // acquisition of a tenant this incarnation owned neither seals nor waits for anything.
+    shared.earlier_work_done(id, &credentials).await?;
+    let params = acquire_params(&texts, &credentials, &incarnation, &false, &bounds);
+    let mut round = 0;
+    let opened = loop {
+        match control::call(&client, ACQUIRE_SQL, &params).await {
+            Err(error)
+                if sqlstate::of(&error) == Some(sqlstate::PREPARED) && round < PREPARED_ROUNDS =>
+            {
+                round += 1;
+                if let Err(why) = roll_back_prepared(&client, &error).await {
+                    let mapped = refusal::map(error, &scope(id, &credentials));
+                    return Err(match mapped {
+                        Error::StaleWork {
+                            tenant,
+                            message,
+                            hint,
+                            ..
+                        } => Error::StaleWork {
+                            tenant,
+                            message: format!("{message}; {why}"),
+                            hint,
+                            retryable: false,
+                        },
+                        other => other,
+                    });
+                }
+            }
+            other => break other,
+        }
+    }
     .map_err(|error| refusal::map(error, &scope(id, &credentials)))
     .and_then(|rows| Answer::from_rows(rows, id));
     let answer = match opened {
@@ -252,7 +345,8 @@ async fn create_once(
         credentials.secret(),
     );
     let incarnation = credentials.incarnation.get();
-    let params = acquire_params(&texts, credentials, &incarnation, &true);
+    let bounds = Bounds::of(shared);
+    let params = acquire_params(&texts, credentials, &incarnation, &true, &bounds);
     let (scrubbed, acquired) = tokio::join!(
         tx.batch_execute("SELECT pgtenant.reset_session(NULL)"),
         tx.query_typed(ACQUIRE_SQL, &params),

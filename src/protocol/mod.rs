@@ -17,9 +17,11 @@
 //! | Session fencing: whether it holds | `session_fencing/mod.rs` | |
 //! | Replica start | `replica_start.rs` | session_fencing |
 //! | Heartbeat | `heartbeat.rs` | replica_start |
-//! | Fenced transaction | `fenced_transaction.rs` | session_fencing::bind |
+//! | Fenced transaction: settling work the caller stopped waiting for | `fenced_transaction/settle.rs` | session_fencing::terminate |
+//! | Fenced transaction | `fenced_transaction/mod.rs` | session_fencing::bind, fenced_transaction::settle |
+//! | Fenced transaction: idempotent runs | `fenced_transaction/once.rs` | fenced_transaction |
 //! | Abandon | `abandon.rs` | session_fencing::terminate |
-//! | Acquire tenant | `acquire.rs` | session_fencing::seal, tenant_migrations, abandon |
+//! | Acquire tenant | `acquire.rs` | tenant_migrations, abandon |
 //! | Forget (and restore) | `forget.rs` | session_fencing::seal, tenant_migrations, acquire |
 //! | Open path | `open.rs` | acquire, abandon |
 //! | Close | `close.rs` | handoff |

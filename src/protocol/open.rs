@@ -31,7 +31,10 @@ fn local(shared: &Shared, id: &TenantId) -> Option<Result<Arc<HandleInner>>> {
 }
 
 /// [`Router::open`](crate::Router::open) and `open_or_create`: concurrent opens of one tenant
-/// share one acquisition, capacity counts those opening, and the whole open is bounded.
+/// share one acquisition, capacity counts those opening, and the whole open is bounded. An
+/// acquisition runs in a task that holds the tenant's gate until it ends, so an open that timed
+/// out (and its caller's retries) never starts a second acquisition beside it: the next open
+/// waits for the gate, within its own bound, and then finds the tenant served here, or free.
 #[tracing::instrument(skip_all, fields(tenant = %id))]
 pub(crate) async fn open(
     shared: &Arc<Shared>,
@@ -44,6 +47,8 @@ pub(crate) async fn open(
     if let Some(found) = local(shared, id) {
         return found;
     }
+    let timeout = shared.options.open_timeout;
+    let started = Instant::now();
     let gate = {
         let mut opening = lock(&shared.opening);
         match opening.get(id) {
@@ -57,20 +62,37 @@ pub(crate) async fn open(
             }
         }
     };
-    let turn = gate.lock().await;
-    let result = match local(shared, id) {
-        Some(found) => found,
-        None => bounded(shared, id, create).await,
+    let result = match tokio::time::timeout(timeout, gate.clone().lock_owned()).await {
+        Ok(turn) => match local(shared, id) {
+            Some(found) => found,
+            None => {
+                bounded(
+                    shared,
+                    id,
+                    create,
+                    turn,
+                    timeout.saturating_sub(started.elapsed()),
+                )
+                .await
+            }
+        },
+        Err(_) => Err(Error::OpenTimeout {
+            tenant: id.clone(),
+            timeout,
+        }),
     };
-    drop(turn);
-    {
-        let mut opening = lock(&shared.opening);
-        // The last one through removes the gate; a waiter still holds a clone otherwise.
-        if Arc::strong_count(&gate) <= 2 {
-            opening.remove(id);
-        }
-    }
+    release_gate(shared, id, &gate);
+    crate::metrics::open_finished(started.elapsed(), result.is_ok());
     result.map_err(|error| shared.explain_down(error))
+}
+
+/// Removes the tenant's gate once nobody else holds it: the map's copy and the caller's are the
+/// only two left (a waiting open, or an acquisition task still running, holds another).
+fn release_gate(shared: &Shared, id: &TenantId, gate: &Arc<tokio::sync::Mutex<()>>) {
+    let mut opening = lock(&shared.opening);
+    if Arc::strong_count(gate) <= 2 {
+        opening.remove(id);
+    }
 }
 
 /// One acquisition task running, counted until it ends (even by a panic): close() waits for
@@ -92,13 +114,19 @@ impl Drop for Running {
     }
 }
 
-/// Runs the acquisition in its own task so that a timeout (or a caller that stops waiting)
-/// cannot strand a lease: a late success finds nobody to take it and releases it.
-async fn bounded(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Arc<HandleInner>> {
+/// Runs the acquisition in its own task, which holds the tenant's gate (`turn`) until it ends,
+/// so that a timeout (or a caller that stops waiting) can neither strand a lease (a late success
+/// finds nobody to take it and gives it back) nor let a second acquisition start beside it.
+async fn bounded(
+    shared: &Arc<Shared>,
+    id: &TenantId,
+    create: bool,
+    turn: tokio::sync::OwnedMutexGuard<()>,
+    timeout: Duration,
+) -> Result<Arc<HandleInner>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (task_shared, task_id) = (shared.clone(), id.clone());
     let running = Running::begin(shared);
-    let started = Instant::now();
     tokio::spawn(
         async move {
             let _running = running;
@@ -107,20 +135,20 @@ async fn bounded(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Ar
                 info!("open gave up before the lease arrived: releasing it");
                 let _ = crate::protocol::abandon::abandon(&late).await;
             }
+            let gate = tokio::sync::OwnedMutexGuard::mutex(&turn).clone();
+            drop(turn);
+            release_gate(&task_shared, &task_id, &gate);
         }
         .in_current_span(),
     );
-    let timeout = shared.options.open_timeout;
-    let outcome = match tokio::time::timeout(timeout, rx).await {
+    match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(result)) => result,
         // The task ended without answering (it panicked), or the bound passed.
         Ok(Err(_)) | Err(_) => Err(Error::OpenTimeout {
             tenant: id.clone(),
-            timeout,
+            timeout: shared.options.open_timeout,
         }),
-    };
-    crate::metrics::open_finished(started.elapsed(), outcome.is_ok());
-    outcome
+    }
 }
 
 /// [`Router::wait_for`](crate::Router::wait_for): opens once the tenant is free, woken by the

@@ -159,12 +159,6 @@ async fn probe(object: &Object) -> Result<Option<Parameters>> {
     Ok((during && reported("on")).then_some(reader))
 }
 
-/// Whether the fenced transaction is still the one the data path began, by the signal: `off`
-/// while it runs, `on` once anything ended it (or reset the setting).
-pub(crate) fn still_fenced(signal: &Parameters) -> bool {
-    signal(TRANSACTION_SIGNAL).as_deref() == Some("off")
-}
-
 fn hash(tenant: &str) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     BuildHasherDefault::<DefaultHasher>::default().hash_one(tenant)

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -42,6 +42,9 @@ pub(crate) struct Shared {
     pub(crate) notices: broadcast::Sender<Notice>,
     /// Tenants served or draining here.
     pub(crate) handles: Mutex<HashMap<TenantId, Arc<HandleInner>>>,
+    /// Handles that left `handles` with work still in flight: an acquisition of the same
+    /// tenant by the same registration waits for that work (`earlier_work_done`).
+    retiring: Mutex<Vec<Weak<HandleInner>>>,
     /// Releases of this router's leases, batched.
     pub(crate) releases: ReleaseQueue,
     /// Tenants being acquired, one gate per tenant so concurrent opens share one acquisition.
@@ -87,6 +90,7 @@ impl Shared {
             events,
             notices,
             handles: Mutex::new(HashMap::new()),
+            retiring: Mutex::new(Vec::new()),
             opening: Mutex::new(HashMap::new()),
             acquiring: AtomicUsize::new(0),
             acquired: Notify::new(),
@@ -143,6 +147,50 @@ impl Shared {
         {
             handles.remove(&handle.id);
             crate::metrics::leases_held(&self.options.replica_id, handles.len());
+        }
+        drop(handles);
+        if handle.in_flight() > 0 {
+            let mut retiring = lock(&self.retiring);
+            retiring.retain(|old| old.upgrade().is_some_and(|old| old.in_flight() > 0));
+            retiring.push(Arc::downgrade(handle));
+        }
+    }
+
+    /// Waits until no earlier handle of `id` that `credentials`' registration held has work in
+    /// flight, within the open timeout: an acquisition of a tenant this same incarnation owned
+    /// neither seals it nor waits on its fence (nothing in the database tells that work apart
+    /// from the new lease's), so that work must be over before the epoch moves (G3).
+    pub(crate) async fn earlier_work_done(
+        &self,
+        id: &TenantId,
+        credentials: &Credentials,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + self.options.open_timeout;
+        let earlier = |handle: &Arc<HandleInner>| {
+            handle.id == *id
+                && handle.credentials.registration == credentials.registration
+                && handle.state() != HandleState::Serving
+                && handle.in_flight() > 0
+        };
+        loop {
+            let busy = lock(&self.handles).get(id).filter(|h| earlier(h)).cloned();
+            let busy = busy.or_else(|| {
+                let mut retiring = lock(&self.retiring);
+                retiring.retain(|old| old.upgrade().is_some_and(|old| old.in_flight() > 0));
+                retiring
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .find(|h| earlier(h))
+            });
+            let Some(handle) = busy else {
+                return Ok(());
+            };
+            if tokio::time::timeout_at(deadline, handle.wait_idle())
+                .await
+                .is_err()
+            {
+                return Err(Error::Draining { tenant: id.clone() });
+            }
         }
     }
 
@@ -242,6 +290,10 @@ pub(crate) struct HandleInner {
     /// flight: `forget(ActiveWork::Cancel)` cancels them, `abandon` terminates them.
     cancels: Mutex<Vec<(u64, CancelToken, Option<i32>)>>,
     next_work: AtomicU64,
+    /// Whether this tenure made sure of the tenant's table of idempotent requests.
+    pub(crate) requests_table: AtomicBool,
+    /// When this handle last deleted expired idempotent requests (ms on a process clock).
+    pub(crate) requests_pruned_at: AtomicU64,
     pub(crate) router: Arc<Shared>,
 }
 
@@ -286,6 +338,8 @@ impl HandleInner {
             ended: Notify::new(),
             cancels: Mutex::new(Vec::new()),
             next_work: AtomicU64::new(0),
+            requests_table: AtomicBool::new(false),
+            requests_pruned_at: AtomicU64::new(0),
             router,
         }
     }

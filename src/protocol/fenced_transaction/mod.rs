@@ -1,21 +1,29 @@
-//! Fenced transactions (DESIGN §5 "Fenced transaction"): `BEGIN READ WRITE; SELECT
-//! pgtenant.fence(…)`, the work, then `CLOSE pgtenant_fenced; COMMIT`.
+//! Fenced transactions (DESIGN §5 "Fenced transaction", "Data sessions and session fencing"):
+//! `BEGIN READ WRITE`, the entry (the fence, or under session fencing the pin), the work, then
+//! the commit check and `COMMIT`.
 //!
-//! The fence refuses a stale, released or forgotten epoch inside PostgreSQL, scrubs the session
-//! a previous user of the connection left (when it changes tenant or role), pins `search_path`
-//! and opens a marker cursor; closing that cursor in the COMMIT's own message proves the work did
-//! not end the fenced transaction itself. Two ways in:
+//! The fence refuses a stale, released or forgotten epoch inside PostgreSQL; under session
+//! fencing the connection's binding does (`session_fencing/`). Every entry sets the
+//! transaction-local `pgtenant.fenced`, and the commit sends, in the same flight as `COMMIT`,
+//! a check that fails once anything ended the transaction the entry began (the work's own
+//! COMMIT, ROLLBACK or PREPARE TRANSACTION, whatever it did to session characteristics): then
+//! nothing after that point commits and `run` reports [`Error::TransactionEnded`]. A work that
+//! left its transaction aborted (it swallowed a statement's error) fails the check too instead
+//! of being reported as committed. Two ways in:
 //! * [`TenantHandle::run`](crate::TenantHandle::run) / `read` take the work as a closure; the
-//!   fence travels with the work's first statement (no extra round trip) and its reply is read
+//!   entry travels with the work's first statement (no extra round trip) and its reply is read
 //!   concurrently with the work's, so nothing the server interleaves (ParameterStatus, NOTICE,
 //!   NOTIFY) can leave it unread and stall the connection.
 //! * [`TenantConnection::begin`] returns a guard that derefs to the driver's transaction, for
 //!   work that borrows freely and uses `?`; it waits for the fence's verdict before returning
 //!   (one round trip more than `run`).
+//!
+//! Both are cancel-safe (`settle.rs`): whatever point a caller drops the future at, the work
+//! counts in flight until nothing it sent can still commit, so no voluntary end of the lease
+//! commits before it; and its connection serves nobody else before its transaction is over.
 
 use std::marker::PhantomData;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio_postgres::types::{ToSql, Type};
@@ -23,10 +31,13 @@ use tokio_postgres::{Statement, Transaction};
 
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::lease::HandleState;
+use crate::protocol::fenced_transaction::settle::{SessionState, WorkSession};
 use crate::sqlstate;
-use crate::state::shared::{CancelOnForget, HandleInner, InFlight};
+use crate::state::shared::{CancelOnForget, HandleInner};
 use crate::sync::BoxFuture;
+
+pub(crate) mod once;
+pub(crate) mod settle;
 
 /// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
 /// search_path + the marker cursor). Both forms take (key, epoch, lock key, idle ms) and
@@ -45,20 +56,27 @@ const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
 const ENTER_SQL: &str = "SELECT pgtenant.enter($1, $2)";
 /// Its parameter types, for the unnamed (uncached) form.
 const ENTER_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
-/// Ends a fenced transaction. If the work ended the fenced transaction itself, the marker
-/// cursor is gone, CLOSE fails and nothing the work did after that commits: one message, no
-/// extra round trip.
-const COMMIT_SQL: &str = "CLOSE pgtenant_fenced; COMMIT";
+/// The commit check, sent in the same flight as `COMMIT`: every entry sets `pgtenant.fenced`
+/// for its own transaction only, so once anything ended that transaction the setting is gone
+/// and the cast fails (check violation, [`ENDED_CONSTRAINT`]); in a transaction the work left
+/// aborted it fails too (25P02). Either way the `COMMIT` behind it commits nothing.
+const CHECK_SQL: &str =
+    "SELECT pg_catalog.current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction";
+/// The constraint the commit check violates once the fenced transaction was ended (V11).
+const ENDED_CONSTRAINT: &str = "the_work_ended_the_fenced_transaction";
 /// Session fencing on a connection whose server reports the transaction signal (`wire.rs`):
-/// the pin, the same statement an unfenced schema-per-tenant transaction sends, plus the
-/// signal, set for this transaction only. Its one parameter is the `search_path`.
+/// the pin, the same statement an unfenced schema-per-tenant transaction sends, plus
+/// read-write for this transaction (data sessions default to read-only) and the commit
+/// check's setting. Its one parameter is the `search_path`.
 const PIN_SQL: &str = "SELECT pg_catalog.set_config('search_path', $1, true), \
-                       pg_catalog.set_config('default_transaction_read_only', 'off', true)";
+                       pg_catalog.set_config('default_transaction_read_only', 'off', true), \
+                       pg_catalog.set_config('pgtenant.fenced', 'on', true)";
 /// The session reset, pipelined ahead of the pin when the connection changes tenant.
 const RESET_SQL: &str = "SELECT pgtenant.reset_session($1)";
 
 /// The transaction [`TenantHandle::run`](crate::TenantHandle::run) hands its work: derefs to
 /// the driver's [`Transaction`]. `'a` is what the work may borrow from its caller.
+#[derive(Clone, Copy)]
 pub struct Tx<'t, 'a> {
     transaction: &'t Transaction<'t>,
     // Implies 'a: 't for every 't the work is called with, so the work may capture borrows
@@ -82,13 +100,14 @@ impl std::fmt::Debug for Tx<'_, '_> {
 
 /// How this transaction is fenced: the fence statement; or (session fencing) the bound
 /// connection's backend and either the pin alone (a connection that reports the transaction
-/// signal) or the enter statement with its marker cursor.
+/// signal, so the client knows when to reset the session) or the enter statement, which
+/// decides the reset itself. Every form sets the commit check's setting.
 enum Entry {
     Fence {
         statement: Option<Statement>,
-        /// On a connection that reports the transaction signal: the signal, and whether the
-        /// session is reset first.
-        signalled: Option<(crate::wire::Parameters, bool)>,
+        /// On a connection that reports the transaction signal: whether the session is reset
+        /// first (decided here; without the signal the fence decides).
+        signalled: Option<bool>,
     },
     Session {
         pid: i32,
@@ -99,7 +118,6 @@ enum Entry {
         pin: Option<Statement>,
         /// The connection changes tenant: reset the session first.
         reset: bool,
-        signal: crate::wire::Parameters,
     },
 }
 
@@ -110,43 +128,23 @@ impl Entry {
             Entry::Session { pid, .. } | Entry::Pinned { pid, .. } => Some(*pid),
         }
     }
-
-    /// The signal that tells whether the work ended the transaction; None for the marker.
-    fn signal(&self) -> Option<&crate::wire::Parameters> {
-        match self {
-            Entry::Pinned { signal, .. }
-            | Entry::Fence {
-                signalled: Some((signal, _)),
-                ..
-            } => Some(signal),
-            _ => None,
-        }
-    }
 }
 
-/// The work ended the fenced transaction itself (the signal says so): report it, and let the
-/// driver's transaction roll back whatever the work began after that.
-fn ensure_still_fenced(handle: &HandleInner, entry: &Entry) -> Result<()> {
-    match entry.signal() {
-        Some(signal) if !crate::state::data_sessions::still_fenced(signal) => {
-            Err(Error::TransactionEnded {
-                tenant: handle.id.clone(),
-                epoch: handle.epoch,
-            })
-        }
-        _ => Ok(()),
-    }
+/// An entry and the commit check, prepared for this connection.
+struct Entered {
+    entry: Entry,
+    check: Option<Statement>,
 }
 
 /// Prepares this connection's entry: the fence, or the binding (once per connection and
-/// incarnation) and the enter statement. Statements are prepared once per pooled connection (the
-/// server then neither parses nor plans them), or sent unnamed behind a pooler that keeps no
-/// prepared statements.
+/// incarnation) and the enter statement; and the commit check. Statements are prepared once per
+/// pooled connection (the server then neither parses nor plans them), or sent unnamed behind a
+/// pooler that keeps no prepared statements.
 async fn entry(
     handle: &HandleInner,
     client: &deadpool_postgres::Object,
     read_only: bool,
-) -> Result<Entry> {
+) -> Result<Entered> {
     let router = &handle.router;
     let cached = router.options.statement_cache;
     let pid = if router.session_fencing() {
@@ -158,26 +156,27 @@ async fn entry(
         None
     };
     let entered = router.data_sessions.enter(client, &handle.key).await?;
-    Ok(match (pid, entered.signal) {
-        (Some(pid), Some(signal)) => Entry::Pinned {
+    let entry = match (pid, entered.signal.is_some()) {
+        (Some(pid), true) => Entry::Pinned {
             pid,
             pin: prepared(client, cached, PIN_SQL, "prepare the pin").await?,
             reset: entered.reset,
-            signal,
         },
-        (Some(pid), None) => Entry::Session {
+        (Some(pid), false) => Entry::Session {
             pid,
             enter: prepared(client, cached, ENTER_SQL, "prepare the entry statement").await?,
         },
-        (None, signal) => {
-            let signalled = signal.map(|signal| (signal, entered.reset));
+        (None, signalled) => {
+            let signalled = signalled.then_some(entered.reset);
             let sql = fence_sql(read_only, signalled.is_some());
             Entry::Fence {
                 statement: prepared(client, cached, sql, "prepare the fence").await?,
                 signalled,
             }
         }
-    })
+    };
+    let check = prepared(client, cached, CHECK_SQL, "prepare the commit check").await?;
+    Ok(Entered { entry, check })
 }
 
 /// `sql` prepared once per pooled connection (the server then neither parses nor plans it), or
@@ -285,27 +284,31 @@ async fn fence(
             }
         }
     };
-    let reset = signalled.is_some_and(|(_, reset)| *reset);
+    let reset = signalled.is_some_and(|reset| *reset);
     after_reset(handle, tx, reset, fenced).await
 }
 
-/// The admission sequence of both ways in (`run` and `TenantConnection::begin`), counted in
-/// flight by the caller: the connection's entry (bound under session fencing), its cancel token
-/// and backend registered where `forget(ActiveWork::Cancel)` and `abandon` find them, the
-/// admission checked again (an `abandon` in between terminated only the backends registered
-/// before it), then BEGIN. In this order: a backend registered after `abandon` looked must not
-/// start work.
+/// The admission sequence of both ways in (`run` and `TenantConnection::begin`), the work
+/// already counted in flight in `state`: the connection's entry (bound under session fencing),
+/// its cancel token and backend registered where `forget(ActiveWork::Cancel)` and `abandon`
+/// find them, the admission checked again (an `abandon` in between terminated only the
+/// backends registered before it), then BEGIN. In this order: a backend registered after
+/// `abandon` looked must not start work.
 async fn admit<'c>(
     handle: &Arc<HandleInner>,
     object: &'c mut deadpool_postgres::Object,
+    state: &mut SessionState,
     read_only: bool,
-    stuck: &AtomicBool,
-) -> Result<(Entry, CancelOnForget, Transaction<'c>)> {
-    let entry = entry(handle, object, read_only).await?;
-    let cancel = CancelOnForget::register(handle, object.cancel_token(), entry.backend());
+) -> Result<(Entered, Transaction<'c>)> {
+    let entered = entry(handle, object, read_only).await?;
+    let backend = entered.entry.backend();
+    state.register_cancel(
+        CancelOnForget::register(handle, object.cancel_token(), backend),
+        backend,
+    );
     handle.still_admitted()?;
-    let tx = begin(handle, object, read_only, stuck).await?;
-    Ok((entry, cancel, tx))
+    let tx = begin(handle, object, state, read_only).await?;
+    Ok((entered, tx))
 }
 
 /// Begins the transaction (`READ WRITE` or `READ ONLY` explicitly: data sessions default to
@@ -313,8 +316,8 @@ async fn admit<'c>(
 async fn begin<'c>(
     handle: &HandleInner,
     client: &'c mut tokio_postgres::Client,
+    state: &mut SessionState,
     read_only: bool,
-    stuck: &AtomicBool,
 ) -> Result<Transaction<'c>> {
     let bound = handle.router.options.stuck_timeout;
     match tokio::time::timeout(
@@ -325,63 +328,78 @@ async fn begin<'c>(
     {
         Ok(begun) => begun.map_err(Error::db("begin tenant transaction")),
         Err(_) => {
-            stuck.store(true, Ordering::Release);
+            state.stuck = true;
             Err(Error::stuck("begin tenant transaction", bound))
         }
     }
 }
 
-/// Commits, with the marker's proof unless the signal gave it, within the stuck bound.
+/// Commits, behind the commit check in the same flight, within the stuck bound. The session is
+/// settled once both replies were read: the transaction is over, whatever they say.
 async fn commit(
     handle: &HandleInner,
     tx: Transaction<'_>,
-    entry: &Entry,
-    stuck: &AtomicBool,
+    check: Option<&Statement>,
+    state: &mut SessionState,
 ) -> Result<()> {
-    ensure_still_fenced(handle, entry)?;
     let bound = handle.router.options.stuck_timeout;
-    let sql = if entry.signal().is_some() {
-        "COMMIT"
-    } else {
-        COMMIT_SQL
+    let checked = async {
+        match check {
+            Some(statement) => tx.query(statement, &[]).await.map(drop),
+            None => tx.query_typed(CHECK_SQL, &[]).await.map(drop),
+        }
     };
-    match tokio::time::timeout(bound, tx.batch_execute(sql)).await {
-        Ok(Ok(())) => {
-            // Committed: the driver's transaction must not send its ROLLBACK on drop (it holds
-            // only a borrow of the connection, so forgetting it leaks nothing).
+    // join! polls in order, and each request goes on the wire at its first poll: the check
+    // runs first, and a failed check leaves the transaction aborted, so the COMMIT behind it
+    // ends it without committing anything.
+    let replies = tokio::time::timeout(bound, async {
+        tokio::join!(checked, tx.batch_execute("COMMIT"))
+    })
+    .await;
+    let Ok((checked, committed)) = replies else {
+        state.stuck = true;
+        return Err(Error::stuck("commit tenant work", bound));
+    };
+    if let Err(error) = committed {
+        // A COMMIT the server refused ended the transaction (rolled back); one whose reply never
+        // came (the connection broke) has a fate unknown: the session then settles, or its
+        // backend is terminated, before the work stops counting.
+        if error.as_db_error().is_some() {
             std::mem::forget(tx);
-            Ok(())
+            state.settled();
         }
-        Ok(Err(error)) if sqlstate::of(&error) == Some(sqlstate::INVALID_CURSOR_NAME) => {
-            Err(Error::TransactionEnded {
-                tenant: handle.id.clone(),
-                epoch: handle.epoch,
-            })
-        }
-        Ok(Err(error)) => Err(Error::db("commit tenant work")(error)),
-        Err(_) => {
-            stuck.store(true, Ordering::Release);
-            Err(Error::stuck("commit tenant work", bound))
-        }
+        return Err(match checked {
+            Err(check) => ended_or_failed(handle, check),
+            Ok(()) => Error::db("commit tenant work")(error),
+        });
     }
+    // Answered: the driver's transaction must not send its ROLLBACK on drop (it holds only a
+    // borrow of the connection, so forgetting it leaks nothing).
+    std::mem::forget(tx);
+    state.settled();
+    checked.map_err(|check| ended_or_failed(handle, check))
 }
 
-/// Closes a pooled connection instead of returning it: one that stopped answering must never
-/// hold a pool slot.
-fn discard(handle: &HandleInner, object: deadpool_postgres::Object) {
-    tracing::warn!(tenant = %handle.id, "closing a data connection that stopped answering");
-    drop(deadpool_postgres::Object::take(object));
-}
-
-/// Whether a connection whose work ended while its handle was no longer serving may have had
-/// its backend terminated (an abandon terminates the backends of its work in flight; another
-/// replica's seal those of a lost handle). Such a connection is closed rather than pooled: the
-/// server reports the termination before the backend exits, so the client can read the error
-/// and hand the connection back before it sees the socket close, and the next user (the
-/// abandon's own release) would get a dead connection: about half of the abandon test's runs
-/// once V7 made the wait for terminated backends milliseconds long.
-fn maybe_terminated(handle: &HandleInner) -> bool {
-    !matches!(handle.state(), HandleState::Serving | HandleState::Draining)
+/// What a failed commit check means: the work ended the fenced transaction itself, or left it
+/// aborted; either way nothing after that point committed.
+fn ended_or_failed(handle: &HandleInner, error: tokio_postgres::Error) -> Error {
+    let ended = error
+        .as_db_error()
+        .is_some_and(|db| db.constraint() == Some(ENDED_CONSTRAINT));
+    if ended {
+        return Error::TransactionEnded {
+            tenant: handle.id.clone(),
+            epoch: handle.epoch,
+        };
+    }
+    if sqlstate::of(&error) == Some(sqlstate::IN_FAILED_TRANSACTION) {
+        return Error::db(
+            "commit tenant work: a statement of the work failed and the work did not return its \
+             error, so the transaction was aborted and nothing of it committed; return the error \
+             from the work",
+        )(error);
+    }
+    Error::db("commit tenant work")(error)
 }
 
 /// [`TenantHandle::run`](crate::TenantHandle::run) and `read`.
@@ -394,21 +412,27 @@ where
     E: From<Error>,
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
-    let _in_flight = handle.begin_work()?;
-    let mut object = handle
+    let in_flight = handle.begin_work()?;
+    let object = handle
         .router
         .pool
         .get()
         .await
         .map_err(pool_error("get a connection for tenant work"))?;
-    let (stuck, retire) = (AtomicBool::new(false), AtomicBool::new(false));
-    let outcome = run_on(handle, &mut object, &stuck, &retire, read_only, work).await;
-    if stuck.load(Ordering::Acquire) {
-        discard(handle, object);
-    } else if (outcome.is_err() && maybe_terminated(handle)) || retire.load(Ordering::Acquire) {
-        // Retired: it served max_tenants_per_connection tenants; its backend's catalog caches
-        // go with it.
-        drop(deadpool_postgres::Object::take(object));
+    // From here on, whatever happens to this future, the session settles before the work stops
+    // counting in flight and before the connection serves anyone else (settle.rs).
+    let mut session = WorkSession::new(handle, object);
+    session.state.hold(in_flight);
+    let outcome = match session.parts() {
+        Some((_, object, state)) => run_on(handle, object, state, read_only, work).await,
+        None => Err(Error::stuck(
+            "begin tenant transaction",
+            handle.router.options.stuck_timeout,
+        )
+        .into()),
+    };
+    if outcome.is_err() {
+        session.settle_now().await;
     }
     outcome
 }
@@ -416,8 +440,7 @@ where
 async fn run_on<'a, T, E, F>(
     handle: &Arc<HandleInner>,
     object: &mut deadpool_postgres::Object,
-    stuck: &AtomicBool,
-    retire: &AtomicBool,
+    state: &mut SessionState,
     read_only: bool,
     work: F,
 ) -> Result<T, E>
@@ -425,11 +448,12 @@ where
     E: From<Error>,
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
-    let (entry, _cancel, tx) = admit(handle, object, read_only, stuck).await?;
-    // The fence goes on the wire first (join! polls in order) and its reply is consumed as it
+    let object_id = deadpool_postgres::Object::id(object);
+    let (entered, tx) = admit(handle, object, state, read_only).await?;
+    // The entry goes on the wire first (join! polls in order) and its reply is consumed as it
     // arrives, concurrently with the work.
     let (fenced, outcome) = tokio::join!(
-        fence(handle, &tx, &entry, read_only),
+        fence(handle, &tx, &entered.entry, read_only),
         work(Tx {
             transaction: &tx,
             _borrows: PhantomData,
@@ -440,35 +464,46 @@ where
         return Err(handle.refused(error, "fence tenant work").into());
     }
     let value = outcome?;
-    commit(handle, tx, &entry, stuck).await?;
+    commit(handle, tx, entered.check.as_ref(), state).await?;
+    retire_if_spent(handle, object_id, state);
+    Ok(value)
+}
+
+/// A transaction for the handle's tenant committed on connection `object`: the data path's
+/// bookkeeping, and whether the connection served `max_tenants_per_connection` tenants (then it
+/// is closed instead of pooled: its backend's catalog caches go with it).
+fn retire_if_spent(
+    handle: &HandleInner,
+    object: deadpool_postgres::ObjectId,
+    state: &mut SessionState,
+) {
     let router = &handle.router;
     if router.data_sessions.committed(
-        deadpool_postgres::Object::id(object),
+        object,
         &handle.key,
         router.options.max_tenants_per_connection,
     ) {
-        retire.store(true, Ordering::Release);
+        state.retire = true;
     }
-    Ok(value)
 }
 
 /// A pooled data connection for one tenant's fenced transactions, from
 /// [`TenantHandle::connect`](crate::TenantHandle::connect). It goes back to the pool when
 /// dropped (or is closed, if it stopped answering).
+///
+/// Cancel-safe like [`TenantHandle::run`](crate::TenantHandle::run): a
+/// [`TenantTransaction::commit`] whose future is dropped leaves its work counted in flight until
+/// the connection has answered (at the next [`TenantConnection::begin`], or in the background
+/// once the connection is dropped), so hold the connection no longer than you need it.
 pub struct TenantConnection {
-    handle: Arc<HandleInner>,
-    /// None once closed for having stopped answering.
-    object: Option<deadpool_postgres::Object>,
-    stuck: AtomicBool,
-    /// Set when the connection served max_tenants_per_connection tenants: closed on drop.
-    retired: AtomicBool,
+    session: WorkSession,
 }
 
 impl std::fmt::Debug for TenantConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantConnection")
-            .field("tenant", &self.handle.id)
-            .field("epoch", &self.handle.epoch)
+            .field("tenant", &self.session.handle.id)
+            .field("epoch", &self.session.handle.epoch)
             .finish_non_exhaustive()
     }
 }
@@ -483,10 +518,7 @@ impl TenantConnection {
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
         Ok(TenantConnection {
-            handle: handle.clone(),
-            object: Some(object),
-            stuck: AtomicBool::new(false),
-            retired: AtomicBool::new(false),
+            session: WorkSession::new(handle, object),
         })
     }
 
@@ -514,48 +546,41 @@ impl TenantConnection {
     }
 
     async fn start(&mut self, read_only: bool) -> Result<TenantTransaction<'_>> {
-        let handle = &self.handle;
-        if self.stuck.load(Ordering::Acquire) {
-            if let Some(object) = self.object.take() {
-                discard(handle, object);
-            }
+        let handle = self.session.handle.clone();
+        let bound = handle.router.options.stuck_timeout;
+        // What an earlier transaction left unanswered (a commit whose future was dropped, a
+        // begin that failed) is settled first.
+        if !self.session.settle_now().await {
+            return Err(Error::stuck("begin tenant transaction", bound));
         }
-        let Some(object) = self.object.as_mut() else {
-            return Err(Error::stuck(
-                "begin tenant transaction",
-                handle.router.options.stuck_timeout,
-            ));
-        };
         let in_flight = handle.begin_work()?;
+        let Some((session_handle, object, state)) = self.session.parts() else {
+            return Err(Error::stuck("begin tenant transaction", bound));
+        };
+        state.hold(in_flight);
         let object_id = deadpool_postgres::Object::id(object);
-        let (entry, cancel, tx) = admit(handle, object, read_only, &self.stuck).await?;
-        fence(handle, &tx, &entry, read_only)
-            .await
-            .map_err(|error| handle.refused(error, "fence tenant work"))?;
-        Ok(TenantTransaction {
-            tx,
-            handle,
-            stuck: &self.stuck,
-            retired: &self.retired,
-            object: object_id,
-            entry,
-            _in_flight: in_flight,
-            _cancel: cancel,
-        })
-    }
-}
-
-impl Drop for TenantConnection {
-    fn drop(&mut self) {
-        if self.stuck.load(Ordering::Acquire) {
-            if let Some(object) = self.object.take() {
-                discard(&self.handle, object);
+        let (entered, tx) = match admit(&handle, object, state, read_only).await {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                // Nothing that could commit was sent: the work stops counting, and the next
+                // begin settles the connection first.
+                state.abandoned_before_commit();
+                return Err(error);
             }
-        } else if maybe_terminated(&self.handle) || self.retired.load(Ordering::Acquire) {
-            if let Some(object) = self.object.take() {
-                drop(deadpool_postgres::Object::take(object));
-            }
+        };
+        if let Err(error) = fence(&handle, &tx, &entered.entry, read_only).await {
+            // The driver's transaction queues its ROLLBACK as it drops here.
+            state.abandoned_before_commit();
+            return Err(handle.refused(error, "fence tenant work"));
         }
+        Ok(TenantTransaction {
+            tx: Some(tx),
+            handle: session_handle,
+            state,
+            object: object_id,
+            check: entered.check,
+            commit_sent: false,
+        })
     }
 }
 
@@ -569,14 +594,15 @@ impl Drop for TenantConnection {
 /// refused by `begin` ([`Error::Fenced`]), and a lease that moves while the transaction is
 /// open makes `commit` fail; an `Ok` from `commit` means committed under the lease.
 pub struct TenantTransaction<'c> {
-    tx: Transaction<'c>,
+    /// None once committed or rolled back.
+    tx: Option<Transaction<'c>>,
     handle: &'c Arc<HandleInner>,
-    stuck: &'c AtomicBool,
-    retired: &'c AtomicBool,
+    state: &'c mut SessionState,
     object: deadpool_postgres::ObjectId,
-    entry: Entry,
-    _in_flight: InFlight,
-    _cancel: CancelOnForget,
+    check: Option<Statement>,
+    /// `COMMIT` may be on the wire: if this guard is dropped before its reply, the work keeps
+    /// counting in flight until the connection answers.
+    commit_sent: bool,
 }
 
 impl std::fmt::Debug for TenantTransaction<'_> {
@@ -592,36 +618,43 @@ impl<'c> Deref for TenantTransaction<'c> {
     type Target = Transaction<'c>;
 
     fn deref(&self) -> &Transaction<'c> {
-        &self.tx
+        match &self.tx {
+            Some(tx) => tx,
+            // commit and rollback take the guard by value: nothing can deref it after.
+            None => unreachable!("a TenantTransaction is used only before commit or rollback"),
+        }
+    }
+}
+
+impl Drop for TenantTransaction<'_> {
+    fn drop(&mut self) {
+        if self.tx.is_some() && !self.commit_sent {
+            // Dropped without commit: the driver's transaction queues its ROLLBACK as it drops
+            // (right after this), ahead of anything later on the connection, and no COMMIT was
+            // sent: nothing can commit, and the connection needs no settling.
+            self.state.settled();
+        }
     }
 }
 
 impl TenantTransaction<'_> {
     /// Commits. `Ok` means committed under the lease.
     ///
+    /// Cancel-safe: if this future is dropped, the transaction may commit (under the lease,
+    /// never after it ends) or not; the work counts in flight until the connection says which.
+    ///
     /// # Errors
     /// [`Error::TransactionEnded`] when statements run through the guard ended the fenced
     /// transaction themselves; database errors (the transaction rolled back).
-    pub async fn commit(self) -> Result<()> {
-        let TenantTransaction {
-            tx,
-            handle,
-            stuck,
-            retired,
-            object,
-            entry,
-            ..
-        } = self;
-        commit(handle, tx, &entry, stuck).await?;
-        let router = &handle.router;
-        if router.data_sessions.committed(
-            object,
-            &handle.key,
-            router.options.max_tenants_per_connection,
-        ) {
-            // A guard's connection serves one tenant: it is closed when the guard drops.
-            retired.store(true, Ordering::Release);
-        }
+    pub async fn commit(mut self) -> Result<()> {
+        let Some(tx) = self.tx.take() else {
+            return Ok(());
+        };
+        self.commit_sent = true;
+        let handle = self.handle;
+        commit(handle, tx, self.check.as_ref(), self.state).await?;
+        // A guard's connection serves one tenant: closed when the guard drops if it is spent.
+        retire_if_spent(handle, self.object, self.state);
         Ok(())
     }
 
@@ -629,10 +662,20 @@ impl TenantTransaction<'_> {
     ///
     /// # Errors
     /// Database errors.
-    pub async fn rollback(self) -> Result<()> {
-        self.tx
+    pub async fn rollback(mut self) -> Result<()> {
+        let Some(tx) = self.tx.take() else {
+            return Ok(());
+        };
+        let rolled_back = tx
             .rollback()
             .await
-            .map_err(Error::db("roll back tenant work"))
+            .map_err(Error::db("roll back tenant work"));
+        if rolled_back.is_ok() {
+            self.state.settled();
+        } else {
+            // Nothing can commit; the next begin settles the connection first.
+            self.state.abandoned_before_commit();
+        }
+        rolled_back
     }
 }
