@@ -227,6 +227,42 @@ async fn history_checker_under_random_kills_pauses_and_terminations() {
     );
 }
 
+/// Issue 25: the application's faults in the history driver. Half the writes in the fault
+/// phase are cut at a random 0–5 ms point (before BEGIN, mid-work, mid-COMMIT: every
+/// COMMIT sleeps up to 3 ms in a deferred trigger that also stamps the epoch current at commit),
+/// and half the pauses catch the replica streaming a large result or in the middle of a COPY,
+/// besides kills, pauses and terminations. Nothing stale (by both witnesses) or lost, and the
+/// fleet serves again (both halves).
+#[tokio::test]
+async fn history_checker_with_cancelled_work_and_stalled_backends() {
+    let (db, _client) = database().await;
+    let ledgers = ["cut-a", "cut-b"];
+    let names = ["cut-0", "cut-1", "cut-2"];
+    let faults = Faults {
+        terminate: true,
+        cancel: true,
+        stalls: true,
+        ..Faults::default()
+    };
+    let seed = 0x1405_7b7e_f767_814f;
+    let (history, total) = history_test(
+        CHILD,
+        db.url(),
+        &names,
+        &ledgers,
+        seed,
+        &faults,
+        "cut-checker",
+    )
+    .await;
+    assert!(
+        total > 0 && history.cuts > 10 && history.stalls > 0,
+        "the run exercised writes, cuts ({}) and stalls ({})",
+        history.cuts,
+        history.stalls
+    );
+}
+
 /// The same under two crash restarts of the server (`-m immediate`): `pgtenant.sessions` is
 /// unlogged, so crash recovery empties it, with every backend gone too. The fleet serves
 /// again after the last restart (G9), nothing stale or lost.
@@ -288,4 +324,107 @@ async fn fault_run() {
         "run-checker",
     )
     .await;
+}
+
+/// Opens `id` on `router` once its owner is gone, retrying while it is held or a retry may
+/// help, within `limit`.
+async fn take_over_within(
+    router: &pgtenant::Router,
+    id: &pgtenant::TenantId,
+    limit: Duration,
+) -> pgtenant::TenantHandle {
+    let deadline = Instant::now() + limit;
+    loop {
+        match router.open(id).await {
+            Ok(handle) => return handle,
+            Err(error)
+                if Instant::now() < deadline
+                    && (error.is_retryable() || error.kind() == pgtenant::ErrorKind::Held) =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("takeover of {id} failed: {error}"),
+        }
+    }
+}
+
+/// Issue 25: a paused owner whose backend is blocked sending a large result (`ClientWrite`) or
+/// waits inside a `COPY FROM STDIN` (`ClientRead`) keeps its fenced transaction open: no
+/// statement or idle timeout ends it, and under transaction fencing it holds the tenant's fence
+/// lock, on which every acquisition used to wait for good. The next owner takes over and
+/// commits within the G9 bound all the same (the acquirer ends the stalled backend), nothing
+/// acknowledged is lost and nothing stale commits, and the paused replica serves again once it
+/// resumes.
+async fn a_paused_owner_mid(work: &str, fencing: pgtenant::Fencing) {
+    let (db, _client) = database().await;
+    let mode = match fencing {
+        pgtenant::Fencing::Transaction => "transaction",
+        _ => "session",
+    };
+    let mut child = ReplicaProcess::spawn_with(
+        CHILD,
+        db.url(),
+        "stalled",
+        &[("PGTENANT_TEST_FENCING", mode)],
+    );
+    child.ready().await;
+    let opened = child.request("open stalled").await.unwrap();
+    assert!(opened.starts_with("opened"), "{opened}");
+    for seq in 0..3 {
+        let reply = child
+            .request(&format!("write stalled {seq}"))
+            .await
+            .unwrap();
+        assert!(reply.starts_with("ok"), "{reply}");
+    }
+    let started = child.request(&format!("{work} stalled")).await.unwrap();
+    assert!(started == "streaming" || started == "copying", "{started}");
+    let next = pgtenant::Router::start(support::options(db.url(), "next").fencing(fencing))
+        .await
+        .unwrap();
+    let id = tenant("stalled");
+    let paused_at = Instant::now();
+    child.pause();
+    let handle = take_over_within(&next, &id, support::SERVE_AGAIN_BOUND).await;
+    append(&handle, "next", 0)
+        .await
+        .expect("first commit of the new owner");
+    let took = paused_at.elapsed();
+    println!("{work} under {mode} fencing: the next owner committed {took:?} after the pause");
+    assert!(
+        took <= support::SERVE_AGAIN_BOUND,
+        "the next owner committed only {took:?} after the pause (G9)"
+    );
+    assert_eq!(
+        count_rows(
+            &handle,
+            "SELECT count(*) FROM log WHERE writer = 'stalled' AND seq >= 0"
+        )
+        .await,
+        3,
+        "acknowledged writes lost"
+    );
+    child.resume();
+    support::serves_again(&mut child, "stalled-own", 1, support::SERVE_AGAIN_BOUND).await;
+    next.close().await;
+}
+
+#[tokio::test]
+async fn a_paused_owner_streaming_a_large_result_is_taken_over_under_session_fencing() {
+    a_paused_owner_mid("stream", pgtenant::Fencing::Session).await;
+}
+
+#[tokio::test]
+async fn a_paused_owner_streaming_a_large_result_is_taken_over_under_transaction_fencing() {
+    a_paused_owner_mid("stream", pgtenant::Fencing::Transaction).await;
+}
+
+#[tokio::test]
+async fn a_paused_owner_in_the_middle_of_a_copy_is_taken_over_under_session_fencing() {
+    a_paused_owner_mid("copy", pgtenant::Fencing::Session).await;
+}
+
+#[tokio::test]
+async fn a_paused_owner_in_the_middle_of_a_copy_is_taken_over_under_transaction_fencing() {
+    a_paused_owner_mid("copy", pgtenant::Fencing::Transaction).await;
 }

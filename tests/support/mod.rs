@@ -169,6 +169,42 @@ pub(crate) async fn try_create_log(handle: &TenantHandle) -> pgtenant::Result<()
         .await
 }
 
+/// The log with a second witness, for the child replicas of the history driver (not on Citus,
+/// which runs no triggers on distributed tables): a deferred constraint trigger that sleeps up
+/// to 3 ms inside each COMMIT (so a write cut at a random point is often cut mid-COMMIT) and
+/// then records the tenant's epoch as the control plane has it at that moment. A row whose
+/// recorded epoch is above its own committed after a later epoch was granted: stale, whether or
+/// not a later row exists to show it.
+pub(crate) async fn try_create_stamped_log(handle: &TenantHandle) -> pgtenant::Result<()> {
+    try_create_log(handle).await?;
+    if std::env::var("PGTENANT_TESTKIT").as_deref() == Ok("citus") {
+        return Ok(());
+    }
+    handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS stamps (writer text, seq bigint, row_epoch bigint,
+                                                        epoch_at_commit bigint);
+                     CREATE OR REPLACE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+                     BEGIN
+                         PERFORM pg_sleep(random() * 0.003);
+                         INSERT INTO stamps
+                         SELECT NEW.writer, NEW.seq, NEW.epoch, t.epoch FROM pgtenant.tenants t
+                          WHERE t.schema_name = current_schema();
+                         RETURN NULL;
+                     END $$;
+                     DROP TRIGGER IF EXISTS stamp ON log;
+                     CREATE CONSTRAINT TRIGGER stamp AFTER INSERT ON log DEFERRABLE INITIALLY DEFERRED
+                         FOR EACH ROW EXECUTE FUNCTION stamp();",
+                )
+                .await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+}
+
 /// One log row; `seen_max_epoch` is the highest epoch committed before this write. Written as
 /// INSERT … SELECT, which Citus also runs on a distributed table (it refuses a subquery in
 /// VALUES).
@@ -216,6 +252,17 @@ const PREFIX: &str = "@@ ";
 
 impl ReplicaProcess {
     pub(crate) fn spawn(entry: &str, url: &str, replica: &str) -> ReplicaProcess {
+        ReplicaProcess::spawn_with(entry, url, replica, &[])
+    }
+
+    /// Like [`ReplicaProcess::spawn`], with environment variables of its own (e.g.
+    /// `PGTENANT_TEST_FENCING` for a test that runs both fencings).
+    pub(crate) fn spawn_with(
+        entry: &str,
+        url: &str,
+        replica: &str,
+        env: &[(&str, &str)],
+    ) -> ReplicaProcess {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 entry,
@@ -224,6 +271,7 @@ impl ReplicaProcess {
                 "--nocapture",
                 "--test-threads=1",
             ])
+            .envs(env.iter().copied())
             .env("PGTENANT_CHILD_URL", url)
             .env("PGTENANT_CHILD_REPLICA", replica)
             .stdin(Stdio::piped())
@@ -312,7 +360,13 @@ impl Drop for ReplicaProcess {
 ///
 /// Commands: `open <ledger>` → `opened <epoch>`; `write <ledger> <seq>` → `ok <seq> <epoch>`;
 /// `hold <ledger> <seq> <millis>` writes, then keeps the transaction open, then commits;
-/// `epoch <ledger>`. Failures answer `error <Variant> <message>`.
+/// `cut <ledger> <seq> <micros>` writes, dropping the write's future after `micros` (→ `cut`
+/// when it was dropped: its row may or may not be committed); `stream <ledger>` starts a read
+/// of a large result consumed slowly (→ `streaming` once the first row arrived), and
+/// `copy <ledger>` a `COPY FROM STDIN` that sends one row and never finishes (→ `copying`),
+/// both left running, so that a pause of this process leaves a backend blocked sending
+/// (`ClientWrite`) or reading (`ClientRead`) inside a fenced transaction. Failures answer
+/// `error <Variant> <message>`.
 pub(crate) fn child_main() {
     let Ok(url) = std::env::var("PGTENANT_CHILD_URL") else {
         return; // run as an ordinary (ignored) test: nothing to do
@@ -338,7 +392,7 @@ pub(crate) fn child_main() {
             let words: Vec<&str> = line.split_whitespace().collect();
             let reply = match words.as_slice() {
                 ["open", ledger] => match router.open_or_create(&tenant(ledger)).await {
-                    Ok(handle) => match try_create_log(&handle).await {
+                    Ok(handle) => match try_create_stamped_log(&handle).await {
                         Ok(()) => {
                             let epoch = handle.epoch();
                             handles.insert(ledger.to_string(), handle);
@@ -395,11 +449,108 @@ pub(crate) fn child_main() {
                     }
                     None => "error NotOpen".to_owned(),
                 },
+                ["cut", ledger, seq, micros] => match handles.get(*ledger) {
+                    Some(handle) => {
+                        let (seq, micros): (i64, u64) =
+                            (seq.parse().expect("seq"), micros.parse().expect("micros"));
+                        let write = append(handle, &replica, seq);
+                        match tokio::time::timeout(Duration::from_micros(micros), write).await {
+                            Ok(Ok(())) => format!("ok {seq} {}", handle.epoch()),
+                            Ok(Err(e)) => describe(&e),
+                            Err(_) => "cut".to_owned(),
+                        }
+                    }
+                    None => "error NotOpen".to_owned(),
+                },
+                ["stream", ledger] => match handles.get(*ledger) {
+                    Some(handle) => {
+                        let (first, arrived) = oneshot::channel::<()>();
+                        tokio::spawn(stream_slowly(handle.clone(), first));
+                        match arrived.await {
+                            Ok(()) => "streaming".to_owned(),
+                            Err(_) => "error Stream the read failed".to_owned(),
+                        }
+                    }
+                    None => "error NotOpen".to_owned(),
+                },
+                ["copy", ledger] => match handles.get(*ledger) {
+                    Some(handle) => {
+                        let (sent, arrived) = oneshot::channel::<()>();
+                        tokio::spawn(copy_forever(handle.clone(), replica.clone(), sent));
+                        match arrived.await {
+                            Ok(()) => "copying".to_owned(),
+                            Err(_) => "error Copy the copy failed".to_owned(),
+                        }
+                    }
+                    None => "error NotOpen".to_owned(),
+                },
                 _ => format!("error BadCommand {line}"),
             };
             say(&reply);
         }
     });
+}
+
+/// A large result read in a fenced read-write transaction (one that holds the tenant's fence),
+/// consumed one row per millisecond: the server soon blocks sending (`ClientWrite`), and for
+/// good once this process is paused.
+async fn stream_slowly(handle: TenantHandle, first: oneshot::Sender<()>) {
+    let _ = handle
+        .run(move |tx| {
+            Box::pin(async move {
+                let rows = tx
+                    .query_raw(
+                        "SELECT repeat('x', 2000) FROM generate_series(1, 5000000)",
+                        std::iter::empty::<i64>(),
+                    )
+                    .await?;
+                let mut rows = std::pin::pin!(rows);
+                let mut first = Some(first);
+                // Two seconds at most: long enough to be caught by a pause, short enough not to
+                // hold the tenant through a history's quiet phase.
+                let until = std::time::Instant::now() + Duration::from_secs(2);
+                while let Some(row) = futures_util::StreamExt::next(&mut rows).await {
+                    if std::time::Instant::now() > until {
+                        break;
+                    }
+                    row?;
+                    if let Some(first) = first.take() {
+                        let _ = first.send(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await;
+}
+
+/// A fenced `COPY FROM STDIN` that sends one row and never finishes: the server waits for more
+/// (`ClientRead`), holding the tenant's fence, until the copy is dropped two seconds later (or
+/// at once on resuming, if this process was paused longer).
+async fn copy_forever(handle: TenantHandle, writer: String, sent: oneshot::Sender<()>) {
+    let epoch = handle.epoch().get();
+    let _ = handle
+        .run(move |tx| {
+            Box::pin(async move {
+                let sink = tx
+                    .copy_in("COPY log (epoch, seq, writer, seen_max_epoch) FROM STDIN")
+                    .await?;
+                let mut sink = std::pin::pin!(sink);
+                let row = format!("{epoch}\t-1\t{writer}-copy\t0\n");
+                futures_util::SinkExt::send(&mut sink, bytes_of(row)).await?;
+                let _ = sent.send(());
+                // Never finished: dropped (CopyFail) two seconds later.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                Err::<(), _>(pgtenant::Error::RouterClosed)
+            })
+        })
+        .await;
+}
+
+/// A row for `copy_in` (its sink takes any `Buf`).
+fn bytes_of(row: String) -> std::io::Cursor<Vec<u8>> {
+    std::io::Cursor::new(row.into_bytes())
 }
 
 fn say(line: &str) {
@@ -564,6 +715,10 @@ pub(crate) struct History {
     pub(crate) restarts: u32,
     pub(crate) failovers: u32,
     pub(crate) refusals: u32,
+    /// Writes whose future the replica dropped at a random point (their rows may be committed).
+    pub(crate) cuts: u32,
+    /// Pauses that caught a replica in the middle of a large result or a COPY.
+    pub(crate) stalls: u32,
     /// When the run began, when its last fault ended (the last pause resumed, the last restart
     /// or promotion done), and when it ended.
     pub(crate) started: Option<std::time::Instant>,
@@ -584,6 +739,13 @@ pub(crate) struct Faults<'a> {
     pub(crate) restarts: Option<&'a pgtenant_testkit::LocalCluster>,
     /// One failover: the primary crashes and the standby is promoted (the run's URL names both).
     pub(crate) failover: Option<&'a pgtenant_testkit::StandbyPair>,
+    /// The application's faults: half the writes have their future dropped after a random
+    /// 0–5 ms (before BEGIN, mid-work, or mid-COMMIT: each COMMIT sleeps up to 3 ms in a
+    /// deferred trigger, see `try_create_stamped_log`).
+    pub(crate) cancel: bool,
+    /// Half the pauses catch the replica streaming a large result or in the middle of a COPY
+    /// (its backend blocked sending, or waiting for data, inside a fenced transaction).
+    pub(crate) stalls: bool,
 }
 
 /// How long a history run injects faults, and how long it goes on without any: the quiet part
@@ -701,6 +863,21 @@ pub(crate) async fn run_history(
                 faults_ended = std::time::Instant::now();
             }
             3..=5 => {
+                if faults.stalls && (seed >> 40).is_multiple_of(2) {
+                    // On a ledger it holds (its own, which it opened first thing).
+                    let work = if (seed >> 41).is_multiple_of(2) {
+                        "stream"
+                    } else {
+                        "copy"
+                    };
+                    let reply = children[c]
+                        .request(&format!("{work} {}", own[c]))
+                        .await
+                        .unwrap_or_default();
+                    if reply == "streaming" || reply == "copying" {
+                        history.stalls += 1;
+                    }
+                }
                 children[c].pause();
                 let millis = 200 + (seed >> 24) % 3000;
                 paused_until[c] = Some(std::time::Instant::now() + Duration::from_millis(millis));
@@ -748,10 +925,15 @@ pub(crate) async fn run_history(
             }
             _ => {
                 seq += 1;
-                let mut reply = children[c]
-                    .request(&format!("write {ledger} {seq}"))
-                    .await
-                    .unwrap_or_default();
+                let command = if faults.cancel && faulting && (seed >> 32).is_multiple_of(2) {
+                    format!("cut {ledger} {seq} {}", (seed >> 20) % 5000)
+                } else {
+                    format!("write {ledger} {seq}")
+                };
+                let mut reply = children[c].request(&command).await.unwrap_or_default();
+                if reply == "cut" {
+                    history.cuts += 1;
+                }
                 if !faulting && reply.starts_with("error") {
                     // Without faults a replica opens what it needs (a lease lost in a fault,
                     // or a ledger it never opened), as an application would.
@@ -895,13 +1077,15 @@ pub(crate) async fn check_all(
         );
     }
     println!(
-        "history: {} kills, {} pauses, {} terminations, {} crash restarts, {} failovers, \
-         {} refused writes, {total} acknowledged",
+        "history: {} kills, {} pauses ({} mid-stream or mid-COPY), {} terminations, {} crash \
+         restarts, {} failovers, {} writes cut, {} refused writes, {total} acknowledged",
         history.kills,
         history.pauses,
+        history.stalls,
         history.terminations,
         history.restarts,
         history.failovers,
+        history.cuts,
         history.refusals
     );
     checker.close().await;
@@ -963,6 +1147,36 @@ pub(crate) async fn check_history(handle: &TenantHandle, ledger: &str, history: 
     assert!(
         stale.is_empty(),
         "{ledger}: committed under an epoch lower than one already committed: {stale:?}"
+    );
+    let stamped_stale: Vec<(String, i64, i64, i64)> = handle
+        .read(|tx| {
+            Box::pin(async move {
+                if tx
+                    .query_one("SELECT to_regclass('stamps') IS NOT NULL", &[])
+                    .await?
+                    .get::<_, bool>(0)
+                {
+                    Ok::<_, pgtenant::Error>(
+                        tx.query(
+                            "SELECT writer, seq, row_epoch, epoch_at_commit FROM stamps
+                              WHERE epoch_at_commit > row_epoch",
+                            &[],
+                        )
+                        .await?
+                        .iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .collect(),
+                    )
+                } else {
+                    Ok(Vec::new())
+                }
+            })
+        })
+        .await
+        .expect("read the commit stamps");
+    assert!(
+        stamped_stale.is_empty(),
+        "{ledger}: committed after a later epoch had been granted: {stamped_stale:?}"
     );
     let present: std::collections::BTreeSet<(String, i64)> = rows
         .iter()
