@@ -61,16 +61,23 @@ CREATE FUNCTION pgtenant.prepared_holders(p_schema text, p_lock integer)
  STABLE
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-    -- A prepared transaction keeps every lock it held, with no backend: pg_locks shows them
-    -- under the virtual transaction '-1/<xid>'. What it did to the tenant's ledger holds a lock
-    -- on one of the schema's relations or on the schema itself; a fence, the fence lock.
-    SELECT json_agg(json_build_object('gid', x.gid, 'owner', x.owner, 'prepared', x.prepared)
-                    ORDER BY x.prepared)::text
-      FROM pg_prepared_xacts x
-     WHERE x.database = current_database()
-       AND EXISTS (
+    -- A prepared transaction keeps every lock it held, with no backend (pid NULL), under the
+    -- virtual transaction that holds the lock on its own transaction id. What it did to the
+    -- tenant's ledger holds a lock on one of the schema's relations or on the schema itself; a
+    -- fence, the fence lock.
+    WITH prepared AS (
+        SELECT x.gid, x.owner, x.prepared, l.virtualtransaction
+          FROM pg_prepared_xacts x
+          JOIN pg_locks l ON l.locktype = 'transactionid' AND l.transactionid = x.transaction
+                         AND l.pid IS NULL
+         WHERE x.database = current_database()
+    )
+    SELECT json_agg(json_build_object('gid', p.gid, 'owner', p.owner, 'prepared', p.prepared)
+                    ORDER BY p.prepared)::text
+      FROM prepared p
+     WHERE EXISTS (
            SELECT 1 FROM pg_locks l
-            WHERE l.virtualtransaction = '-1/' || x.transaction::text
+            WHERE l.virtualtransaction = p.virtualtransaction AND l.pid IS NULL
               AND ((l.locktype = 'relation'
                     AND l.relation IN (SELECT c.oid FROM pg_class c
                                         WHERE c.relnamespace = to_regnamespace(p_schema)))

@@ -391,3 +391,167 @@ async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
     .expect("accepted when asked");
     router.close().await;
 }
+
+/// Issue 26, item 4: `SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE` inside the work
+/// made the session default the same value the pin set for the transaction, so the server
+/// reported nothing when the work ended the transaction itself: its later write ran in
+/// autocommit and `run` said Ok. The end is now read from the transaction-local setting the
+/// entry set, which nothing but the end of the transaction removes. And the characteristic does
+/// not reach the next tenant on the connection.
+#[tokio::test]
+async fn session_characteristics_cannot_hide_the_end_of_the_fenced_transaction() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    let insert = format!("INSERT INTO {}.accounts VALUES (20, 'escaped')", one.schema());
+    let ended = one
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE")
+                    .await?;
+                tx.batch_execute("COMMIT").await?;
+                tx.execute(&insert, &[]).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await;
+    assert!(
+        matches!(ended, Err(Error::TransactionEnded { .. })),
+        "{ended:?}"
+    );
+    // The next tenant on the one connection finds the session read-only by default again.
+    assert_eq!(count(&two, "SELECT count(*) FROM accounts").await, 1);
+    let client = router
+        .pool()
+        .get()
+        .await
+        .expect("the pool's one connection");
+    let default: String = client
+        .query_one("SHOW default_transaction_read_only", &[])
+        .await
+        .expect("show")
+        .get(0);
+    assert_eq!(default, "on");
+    drop(client);
+    router.close().await;
+}
+
+/// A work that swallows a failed statement's error and returns Ok leaves its transaction
+/// aborted; COMMIT then rolls back without an error. `run` must not say Ok (G4: Ok means
+/// committed), and nothing of it is committed.
+#[tokio::test]
+async fn work_that_swallows_an_error_is_not_reported_as_committed() {
+    let (db, _admin) = database().await;
+    let (router, one, _two) = two_tenants_one_connection(&db).await;
+    let outcome = one
+        .run(|tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO accounts VALUES (30, 'lost')", &[])
+                    .await?;
+                let _ = tx.execute("SELECT 1 / 0", &[]).await;
+                Ok::<_, Error>(())
+            })
+        })
+        .await;
+    let error = outcome.expect_err("an aborted transaction is not committed");
+    assert_eq!(error.sqlstate(), Some("25P02"), "{error}");
+    assert_eq!(
+        count(&one, "SELECT count(*) FROM accounts WHERE id = 30").await,
+        0
+    );
+    work(&one, "INSERT INTO accounts VALUES (31, 'later')").await;
+    router.close().await;
+}
+
+/// Issue 26, item 1: `PREPARE TRANSACTION` inside the work (where max_prepared_transactions >
+/// 0). `run` reports the transaction ended; the prepared transaction keeps the tenant (its
+/// locks) and could be committed later by anyone: under session fencing its row appeared in
+/// the next owner's epoch, under transaction fencing it held the fence lock and every
+/// acquisition waited. Now the acquisition refuses to move the epoch while it exists and rolls
+/// it back (the application's role prepared it): a later COMMIT PREPARED finds nothing, and the
+/// next owner is served at once.
+async fn prepared_transaction_in_the_work(fencing: pgtenant::Fencing) {
+    let cluster =
+        pgtenant_testkit::LocalCluster::start_with_settings(&[("max_prepared_transactions", "4")])
+            .await
+            .expect("a cluster with prepared transactions");
+    let db = cluster.create_database().await.expect("database");
+    let mut admin = db.connect().await.expect("connect");
+    pgtenant::setup(&mut admin).await.expect("setup");
+    let start = |name: &'static str| Router::start(options(db.url(), name).fencing(fencing));
+    let (a, b) = (
+        start("prep-a").await.expect("a"),
+        start("prep-b").await.expect("b"),
+    );
+    let id = tenant("prepared");
+    let handle = a.open_or_create(&id).await.expect("create");
+    support::create_log(&handle).await;
+    let gid = format!("pgtenant-test-{fencing:?}");
+    let prepare = format!("PREPARE TRANSACTION '{gid}'");
+    let ended = handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.execute("INSERT INTO log VALUES (1, 1, 'prepared', 0)", &[])
+                    .await?;
+                tx.batch_execute(&prepare).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await;
+    assert!(
+        matches!(ended, Err(Error::TransactionEnded { .. })),
+        "{ended:?}"
+    );
+    let prepared: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1",
+            &[&gid],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        prepared, 1,
+        "the work's PREPARE TRANSACTION left a prepared transaction"
+    );
+    handle.handoff().await.expect("hand off");
+    let opened_at = std::time::Instant::now();
+    let next = tokio::time::timeout(
+        support::SERVE_AGAIN_BOUND,
+        b.wait_for(&id, std::time::Duration::MAX),
+    )
+    .await
+    .expect("the next owner is served within the G9 bound")
+    .expect("opened");
+    println!(
+        "{fencing:?}: next owner served {:?} after the handoff",
+        opened_at.elapsed()
+    );
+    let committed = admin
+        .batch_execute(&format!("COMMIT PREPARED '{gid}'"))
+        .await;
+    assert!(
+        committed.is_err(),
+        "the prepared transaction was still there to commit after the epoch moved"
+    );
+    assert_eq!(
+        count(&next, "SELECT count(*) FROM log WHERE writer = 'prepared'").await,
+        0
+    );
+    support::append(&next, "next", 1)
+        .await
+        .expect("the next owner writes");
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn a_prepared_transaction_in_the_work_never_commits_after_the_epoch_moves_under_session_fencing(
+) {
+    prepared_transaction_in_the_work(pgtenant::Fencing::Session).await;
+}
+
+#[tokio::test]
+async fn a_prepared_transaction_in_the_work_never_blocks_the_next_owner_under_transaction_fencing()
+{
+    prepared_transaction_in_the_work(pgtenant::Fencing::Transaction).await;
+}
