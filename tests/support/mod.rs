@@ -44,7 +44,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 10] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 11] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -84,6 +84,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 10] = [
     (
         "V10__scale",
         include_str!("../../migrations/V10__scale.sql"),
+    ),
+    (
+        "V12__tenant_boundary",
+        include_str!("../../migrations/V12__tenant_boundary.sql"),
     ),
 ];
 
