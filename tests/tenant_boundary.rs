@@ -391,3 +391,48 @@ async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
     .expect("accepted when asked");
     router.close().await;
 }
+
+/// Issue 26, item 6: sequence state is session state. After tenant one's nextval and setval,
+/// tenant two on the same pooled connection has no lastval and no currval of one's sequence
+/// (the reset discards the session's sequence state), while one's own value stays one's.
+#[tokio::test]
+async fn lastval_and_currval_do_not_cross_tenants() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "CREATE SEQUENCE ids CACHE 10; SELECT nextval('ids'); SELECT setval('ids', 42)",
+    )
+    .await;
+    let qualified = format!("SELECT currval('{}.ids')", one.schema());
+    for sql in ["SELECT lastval()".to_owned(), qualified] {
+        let shown = sql.clone();
+        let seen = two
+            .read(move |tx| {
+                Box::pin(async move {
+                    let row = tx.query_one(sql.as_str(), &[]).await?;
+                    Ok::<_, Error>(row.get::<_, i64>(0))
+                })
+            })
+            .await;
+        match seen {
+            Err(error) => assert_eq!(error.sqlstate(), Some("55000"), "{shown}: {error}"),
+            Ok(value) => panic!("{shown} in tenant two returned tenant one's {value}"),
+        }
+    }
+    // One's next value continues from its setval, not from a cache the reset threw away.
+    let next = one
+        .run(|tx| {
+            Box::pin(async move {
+                Ok::<_, Error>(
+                    tx.query_one("SELECT nextval('ids')", &[])
+                        .await?
+                        .get::<_, i64>(0),
+                )
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(next, 43);
+    router.close().await;
+}
