@@ -406,6 +406,21 @@ async fn a_forged_handoff_request_moves_nothing() {
         .batch_execute(r#"NOTIFY pgtenant_handoff, '{"tenant":"acme/kept","requester":"asker"}'"#)
         .await
         .expect("any role may NOTIFY");
+    let moved = asker
+        .request_handoff(&tenant("asked"), Duration::from_secs(20))
+        .await
+        .expect("a genuine request is answered");
+    loop {
+        match events.recv().await.expect("owner events") {
+            pgtenant::Event::HandoffRequested { tenant, .. } if tenant == *moved.id() => break,
+            pgtenant::Event::HandoffRequested {
+                tenant, requester, ..
+            } => {
+                panic!("the owner answered a forged request for {tenant} from {requester}")
+            }
+            _ => {}
+        }
+    }
     // Nor can that role write a request, or the application's role one for another replica.
     let error = forger
         .batch_execute("SELECT pgtenant.request_handoff('acme/kept', 'asker', 1, 'guess')")
@@ -425,21 +440,6 @@ async fn a_forged_handoff_request_moves_nothing() {
         .expect_err("wrong secret");
     assert_eq!(sqlstate(&error), Some("PTA01"), "{error:?}");
 
-    let moved = asker
-        .request_handoff(&tenant("asked"), Duration::from_secs(20))
-        .await
-        .expect("a genuine request is answered");
-    loop {
-        match events.recv().await.expect("owner events") {
-            pgtenant::Event::HandoffRequested { tenant, .. } if tenant == *moved.id() => break,
-            pgtenant::Event::HandoffRequested {
-                tenant, requester, ..
-            } => {
-                panic!("the owner answered a forged request for {tenant} from {requester}")
-            }
-            _ => {}
-        }
-    }
     // The forged request's tenant: still the owner's, same epoch, no reservation, serving.
     let row = admin
         .query_one(
