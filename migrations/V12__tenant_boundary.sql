@@ -315,6 +315,28 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION pgtenant.begin_sweep(text) FROM PUBLIC;
 
+-- Records that the sweep dropped p_schema: now only a name the sweep can have dropped for
+-- tenant p_tenant (a trash row of that tenant, or a masked schema: a name derived for one of
+-- its forgotten lives), so the journal says nothing a caller made up.
+CREATE OR REPLACE FUNCTION pgtenant.record_swept(p_schema text, p_tenant text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
+DECLARE
+    v_life bigint := substring(p_schema FROM '_([0-9]{1,18})_[0-9a-f]{10}$')::bigint;
+BEGIN
+    IF to_regnamespace(p_schema) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgtenant: schema % still exists; drop it before recording the sweep', p_schema;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.trash tr WHERE tr.schema_name = p_schema AND tr.tenant_key = p_tenant)
+       AND NOT EXISTS (SELECT 1 FROM pgtenant.tenants t
+                        WHERE t.key = p_tenant AND v_life <= t.forgotten_at_epoch
+                          AND p_schema IN (SELECT pgtenant.derived_schema_names(p_tenant, v_life))) THEN
+        RAISE EXCEPTION 'pgtenant: % is neither a trashed schema of tenant % nor a schema of one of its forgotten lives',
+            p_schema, p_tenant;
+    END IF;
+    UPDATE pgtenant.trash tr SET swept_at = now() WHERE tr.schema_name = p_schema AND tr.swept_at IS NULL;
+    INSERT INTO pgtenant.history (tenant_key, event, detail) VALUES (p_tenant, 'swept', p_schema);
+END $$;
+
 -- ---------------------------------------------------------------------------------------
 -- Handoff requests: a row the requester proves it wrote; NOTIFY only wakes the owner.
 -- ---------------------------------------------------------------------------------------
