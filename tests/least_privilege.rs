@@ -839,3 +839,125 @@ async fn public_can_use_only_the_allow_listed_objects() {
         .unwrap();
     assert_eq!((schema.get(0), schema.get(1)), (true, false));
 }
+
+/// The control plane vouches for a schema by deriving its name itself
+/// (`pgtenant.derived_schema_names`): it must derive exactly what the library does, for short
+/// and longest ids (whose readable parts are shortened), hyphens, and epochs of every length,
+/// after a failover's floor too. Salted names are checked by creation itself
+/// (`tests/ledgers.rs`, creation_survives_a_taken_schema_name).
+#[tokio::test]
+async fn the_control_plane_derives_the_names_the_library_derives() {
+    let (_db, admin) = support::database().await;
+    let long = "a".repeat(29) + "z";
+    let ids = [
+        ("acme", "one"),
+        ("a", "b"),
+        ("a-b", "c"),
+        ("a", "b-c"),
+        ("0rg-9", "ledger-2024-q1"),
+        (long.as_str(), "x"),
+        ("x", long.as_str()),
+        (long.as_str(), long.as_str()),
+    ];
+    for (organization, ledger) in ids {
+        let id = pgtenant::TenantId::new(organization, ledger).expect("valid id");
+        for epoch in [
+            0_i64,
+            1,
+            9,
+            10,
+            12_345,
+            (1 << 40) + 1,
+            999_999_999_999_999_999,
+        ] {
+            let names: Vec<String> = admin
+                .query(
+                    "SELECT pgtenant.derived_schema_names($1, $2)",
+                    &[&id.key(), &epoch],
+                )
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            assert_eq!(names.len(), 9, "{id} at {epoch}: {names:?}");
+            assert_eq!(names[0], id.schema_name(epoch), "{id} at {epoch}");
+            let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+            assert_eq!(distinct.len(), 9, "{id} at {epoch}: {names:?}");
+            assert!(
+                names.iter().all(|name| name.len() <= 57),
+                "{id} at {epoch}: {names:?}"
+            );
+        }
+    }
+    let none: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pgtenant.derived_schema_names('Not/valid', 1)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(none, 0);
+}
+
+/// During an upgrade, replicas of the previous release act on any NOTIFY on
+/// `pgtenant_handoff` whose payload is `{"tenant", "requester"}`: a request of this release
+/// (a row, then that NOTIFY from the control plane) still reaches them in that form. (The
+/// other way round, a request of the previous release is a bare NOTIFY, which this release's
+/// owners ignore like the forged one above.)
+#[tokio::test]
+async fn a_request_still_reaches_an_owner_of_the_previous_release() {
+    let (_db, _admin, app, _operator) = granted().await;
+    // The previous release's owner: registered and holding the tenant, its lease session
+    // listening as that release's did.
+    let (old, mut connection) = app.config().connect(tokio_postgres::NoTls).await.unwrap();
+    let (notices, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notification(n)) = message {
+                let _ = notices.send((n.channel().to_owned(), n.payload().to_owned()));
+            }
+        }
+    });
+    let (incarnation, secret) = support::register_by_hand(&old, "old-owner").await;
+    let epoch: i64 = old
+        .query_one(
+            "SELECT epoch FROM pgtenant.acquire('acme/wanted', 'acme', 'wanted', 'old-owner', $1, $2, true)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .expect("the old owner holds the tenant")
+        .get(0);
+    let schema = tenant("wanted").schema_name(epoch);
+    old.batch_execute(&format!("BEGIN READ WRITE; CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    old.query(
+        "SELECT pgtenant.schema_created('acme/wanted', $1, 'old-owner', $2, $3, $4, 0)",
+        &[&epoch, &incarnation, &secret, &schema],
+    )
+    .await
+    .expect("created");
+    old.batch_execute("COMMIT").await.unwrap();
+    old.batch_execute("LISTEN pgtenant_handoff").await.unwrap();
+
+    let new = Router::start(options(app.url(), "new-asker"))
+        .await
+        .expect("router");
+    match new
+        .request_handoff(&tenant("wanted"), Duration::from_millis(300))
+        .await
+    {
+        Err(Error::OpenTimeout { .. } | Error::LeaseHeld { .. }) => {}
+        other => panic!("expected a timeout, got {:?}", other.map(|h| h.epoch())),
+    }
+    let (channel, payload) = heard.recv().await.expect("a notice");
+    assert_eq!(channel, "pgtenant_handoff");
+    let request: serde_json::Value = serde_json::from_str(&payload).expect("JSON");
+    assert_eq!(
+        request,
+        serde_json::json!({"tenant": "acme/wanted", "requester": "new-asker"})
+    );
+    new.close().await;
+}
