@@ -436,3 +436,65 @@ async fn lastval_and_currval_do_not_cross_tenants() {
     assert_eq!(next, 43);
     router.close().await;
 }
+
+/// Issue 26's class search, the session state the reset already covered (each tried, none
+/// crosses): a custom setting set for the session (`set_config(…, false)`), a protocol-level
+/// prepared statement that the work smuggles out and the next tenant's work executes on the
+/// same connection (PostgreSQL parses it again for the new `search_path`, so it reads the next
+/// tenant's table, never the first's), and `SET CONSTRAINTS`, which ends with its transaction.
+#[tokio::test]
+async fn custom_settings_prepared_statements_and_constraint_modes_do_not_cross_tenants() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "SELECT set_config('app.current_customer', 'one-secret', false)",
+    )
+    .await;
+    assert_eq!(
+        text(
+            &two,
+            "SELECT coalesce(current_setting('app.current_customer', true), '')"
+        )
+        .await,
+        ""
+    );
+
+    let statement = one
+        .read(|tx| {
+            Box::pin(async move {
+                let statement = tx
+                    .prepare("SELECT string_agg(name, ',') FROM accounts")
+                    .await?;
+                Ok::<_, Error>(statement)
+            })
+        })
+        .await
+        .expect("prepare in one");
+    let seen = two
+        .read(move |tx| {
+            Box::pin(async move {
+                let row = tx.query_one(&statement, &[]).await?;
+                Ok::<_, Error>(row.get::<_, String>(0))
+            })
+        })
+        .await
+        .expect("one's statement, executed in two");
+    assert_eq!(seen, "two", "the statement reads the tenant it runs for");
+
+    work(
+        &one,
+        "CREATE TABLE parents (id int PRIMARY KEY);
+         CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY IMMEDIATE);
+         SET CONSTRAINTS ALL DEFERRED",
+    )
+    .await;
+    let refused = try_work(
+        &one,
+        "INSERT INTO children VALUES (1); INSERT INTO parents VALUES (2)".to_owned(),
+    )
+    .await
+    .expect_err("the constraint is immediate again");
+    assert_eq!(refused.sqlstate(), Some("23503"), "{refused}");
+    router.close().await;
+}
