@@ -998,6 +998,13 @@ async fn a_half_swept_schema_is_not_restored() {
         tables_in(&client, &trashed).await,
         BTreeSet::from(["b_second".to_owned()])
     );
+    let listed = pgtenant::admin::list_trash(&client).await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|t| t.schema == trashed && t.sweep_started_at.is_some() && t.swept_at.is_none()),
+        "{listed:?}"
+    );
 
     match router.restore(&id).await {
         Err(Error::RestoreRefused { reason, .. }) => assert!(
