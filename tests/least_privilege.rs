@@ -961,3 +961,122 @@ async fn a_request_still_reaches_an_owner_of_the_previous_release() {
     );
     new.close().await;
 }
+
+/// The previous release's control plane (V10, its roles granted by its setup) is brought to
+/// this one's under a replica of that release, speaking its own SQL as the application's role:
+/// its fenced writes go on across the upgrade, its heartbeat and status reads still work (the
+/// migration grants the recorded roles the status functions PUBLIC loses), and it forgets a
+/// tenant it created (a schema the control plane can vouch for), which this release restores.
+#[tokio::test]
+async fn a_v10_control_plane_is_upgraded_under_a_running_replica_of_the_previous_release() {
+    let db = TestDatabase::create().await.expect("test database");
+    let mut admin = db.connect().await.expect("connect");
+    let app = db.create_role("app").await.expect("app role");
+    let operator = db.create_role("op").await.expect("operator role");
+    support::control_plane_at(&mut admin, 10).await;
+    admin
+        .execute(
+            "SELECT pgtenant.grant_roles($1::text::name, $2::text::name)",
+            &[&app.name(), &operator.name()],
+        )
+        .await
+        .expect("the previous release's grants");
+
+    let lease = app.connect().await.expect("lease session as app");
+    let (incarnation, secret) = support::register_by_hand(&lease, "old").await;
+    let row = lease
+        .query_one(
+            "SELECT epoch, lock_key FROM pgtenant.acquire('acme/kept', 'acme', 'kept', 'old', $1, $2, true)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .expect("acquire");
+    let (epoch, tenant_lock): (i64, i32) = (row.get(0), row.get(1));
+    let schema = tenant("kept").schema_name(epoch);
+    lease
+        .batch_execute(&format!(
+            "BEGIN READ WRITE; CREATE SCHEMA {schema}; CREATE TABLE {schema}.log (n bigint PRIMARY KEY)"
+        ))
+        .await
+        .unwrap();
+    lease
+        .query(
+            "SELECT pgtenant.schema_created('acme/kept', $1, 'old', $2, $3, $4, 0)",
+            &[&epoch, &incarnation, &secret, &schema],
+        )
+        .await
+        .expect("created");
+    lease.batch_execute("COMMIT").await.unwrap();
+
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let (progress, mut acked) = tokio::sync::watch::channel(0_i64);
+    let mut writer = app.connect().await.expect("data session as app");
+    let writing = tokio::spawn(async move {
+        let mut n = 0_i64;
+        while stopped.try_recv().is_err() {
+            let tx = writer.transaction().await.expect("begin");
+            tx.query(
+                "SELECT pgtenant.fence($1, $2, $3, '60000')",
+                &[&"acme/kept", &epoch, &tenant_lock],
+            )
+            .await
+            .expect("the fence passes across the upgrade");
+            tx.execute("INSERT INTO log VALUES ($1)", &[&n])
+                .await
+                .expect("write");
+            tx.commit().await.expect("commit");
+            n += 1;
+            progress.send_replace(n);
+        }
+        n
+    });
+    acked.wait_for(|n| *n >= 20).await.expect("writing");
+    let upgrade = pgtenant::setup(&mut admin).await.expect("upgrade");
+    assert_eq!(upgrade.applied, support::migration_names(10));
+    let at_upgrade = *acked.borrow();
+    acked
+        .wait_for(|n| *n >= at_upgrade + 20)
+        .await
+        .expect("still writing after the upgrade");
+    let _ = stop.send(());
+    let written = writing.await.expect("writer");
+
+    let renewed: bool = lease
+        .query_one(
+            "SELECT pgtenant.heartbeat('old', $1, $2, 60000)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .expect("heartbeat")
+        .get(0);
+    assert!(renewed);
+    for sql in [
+        "SELECT count(*) FROM pgtenant.replica_status",
+        "SELECT count(*) FROM pgtenant.fleet_status",
+    ] {
+        lease.query_one(sql, &[]).await.expect(sql);
+    }
+    let as_operator = operator.connect().await.expect("connect as operator");
+    pgtenant::admin::status_report(&as_operator, Duration::from_secs(3600))
+        .await
+        .expect("status as operator");
+    let trashed: String = lease
+        .query_one(
+            "SELECT pgtenant.forget('acme/kept', $1, 'old', $2, $3)",
+            &[&epoch, &incarnation, &secret],
+        )
+        .await
+        .expect("the old replica forgets its tenant")
+        .get(0);
+    assert_eq!(trashed, format!("trash_{schema}"));
+
+    let router = Router::start(options(app.url(), "new"))
+        .await
+        .expect("router");
+    let back = router.restore(&tenant("kept")).await.expect("restore");
+    assert_eq!(
+        support::count_rows(&back, "SELECT count(*) FROM log").await,
+        written
+    );
+    router.close().await;
+}
