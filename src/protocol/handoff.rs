@@ -146,8 +146,9 @@ async fn take_request(inner: &HandleInner, requester: &str) -> Result<bool> {
 
 /// Answers other replicas' handoff requests for tenants served here, by policy, once the
 /// control plane confirms each. Holds only a weak reference so it ends with the router. The
-/// checks run one at a time: a flood of forged notices costs one statement each, never a
-/// connection each.
+/// checks run one at a time: a flood of forged notices costs one statement each, never more
+/// than one connection, and what the flood outruns is dropped with the oldest notices (a
+/// genuine request among them times out at its requester, as a refused one does).
 pub(crate) async fn serve_requests(
     shared: std::sync::Weak<Shared>,
     mut notices: broadcast::Receiver<Notice>,

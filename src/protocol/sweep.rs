@@ -293,10 +293,10 @@ fn quote_ident(name: &str) -> String {
 const MARKED_SWEEP_VERSION: i64 = 12;
 
 /// Drops `schema` batch by batch; false when it was left alone because it became live again or
-/// its trash row went (restored) before the first drop. With `mark`, each batch first marks the
-/// trash row as being swept (`pgtenant.begin_sweep`), in its own transaction: from the first
-/// committed drop on, restore refuses the row instead of bringing back a schema with objects
-/// missing, and a restore that got there first holds the row until it commits.
+/// its trash row went (restored) before the first drop. With `mark`, each batch's transaction
+/// first marks the trash row as being swept (`pgtenant.begin_sweep`, which locks the row): from
+/// the first committed drop on, restore refuses the row instead of bringing back a schema with
+/// objects missing, and a restore that got there first holds the row until it commits.
 async fn drop_schema(
     client: &mut Client,
     options: &SweepOptions,
