@@ -653,41 +653,26 @@ REVOKE EXECUTE ON FUNCTION pgtenant.deregister(text, bigint, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.derived_schema_names(p_key text, p_epoch bigint)
  RETURNS SETOF text
- LANGUAGE plpgsql
+ LANGUAGE sql
  IMMUTABLE STRICT
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-DECLARE
-    v_org text := split_part(p_key, '/', 1);
-    v_ledger text := split_part(p_key, '/', 2);
-    v_epoch text := p_epoch::text;
-    v_hashed bytea;
-    v_readable integer;
-    v_org_len integer;
-    v_ledger_len integer;
-    v_salt integer;
-    v_separator text;
-BEGIN
-    IF p_key !~ '^[a-z0-9][a-z0-9-]{0,29}/[a-z0-9][a-z0-9-]{0,29}$' OR p_epoch < 0 THEN
-        RETURN;
-    END IF;
-    FOR v_salt, v_separator IN
-        SELECT s, '__' FROM generate_series(0, 7) s UNION ALL SELECT 0, '_'
-    LOOP
-        v_hashed := convert_to(p_key, 'UTF8') || '\x00'::bytea || convert_to(v_epoch, 'UTF8');
-        IF v_salt > 0 THEN
-            v_hashed := v_hashed || '\x00'::bytea || convert_to(v_salt::text, 'UTF8');
-        END IF;
-        -- t_ + org + separator + ledger + _ + epoch + _ + hash, within 63 bytes less the
-        -- trash prefix (6).
-        v_readable := greatest(57 - (2 + length(v_separator) + 2 + length(v_epoch) + 10), 0);
-        v_org_len := least(length(v_org), greatest(greatest(v_readable - length(v_ledger), 0), v_readable / 2));
-        v_ledger_len := least(length(v_ledger), v_readable - v_org_len);
-        RETURN NEXT 't_' || replace(left(v_org, v_org_len), '-', '_') || v_separator
-                    || replace(left(v_ledger, v_ledger_len), '-', '_') || '_' || v_epoch || '_'
-                    || left(pgtenant.fnv1a64(v_hashed), 10);
-    END LOOP;
-END $function$;
+SELECT 't_' || replace(left(k.org, w.org_len), '-', '_') || n.sep
+       || replace(left(k.ledger, least(length(k.ledger), r.readable - w.org_len)), '-', '_')
+       || '_' || k.epoch || '_'
+       || left(pgtenant.fnv1a64(convert_to(p_key, 'UTF8') || '\x00'::bytea || convert_to(k.epoch, 'UTF8')
+                                || CASE WHEN n.salt > 0 THEN '\x00'::bytea || convert_to(n.salt::text, 'UTF8')
+                                        ELSE ''::bytea END), 10)
+  FROM (SELECT split_part(p_key, '/', 1) AS org, split_part(p_key, '/', 2) AS ledger,
+               p_epoch::text AS epoch) k,
+       (VALUES (1, 0, '__'), (2, 1, '__'), (3, 2, '__'), (4, 3, '__'), (5, 4, '__'),
+               (6, 5, '__'), (7, 6, '__'), (8, 7, '__'), (9, 0, '_')) n(ord, salt, sep),
+       LATERAL (SELECT greatest(57 - (2 + length(n.sep) + 2 + length(k.epoch) + 10), 0) AS readable) r,
+       LATERAL (SELECT least(length(k.org),
+                             greatest(greatest(r.readable - length(k.ledger), 0), r.readable / 2)) AS org_len) w
+ WHERE p_key ~ '^[a-z0-9][a-z0-9-]{0,29}/[a-z0-9][a-z0-9-]{0,29}$' AND p_epoch >= 0
+ ORDER BY n.ord
+$function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.derived_schema_names(text, bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.enter(p_key text, p_schema text)
@@ -922,25 +907,22 @@ REVOKE EXECUTE ON FUNCTION pgtenant.fleet_status_rows(bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.fnv1a64(p_bytes bytea)
  RETURNS text
- LANGUAGE plpgsql
+ LANGUAGE sql
  IMMUTABLE STRICT
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-DECLARE
-    v_hash numeric := 14695981039346656037;
-    v_low integer;
-BEGIN
-    FOR i IN 0 .. length(p_bytes) - 1 LOOP
-        -- XOR touches the low byte only.
-        v_low := mod(v_hash, 256)::integer;
-        v_hash := v_hash - v_low + (v_low # get_byte(p_bytes, i));
-        v_hash := mod(v_hash * 1099511628211, 18446744073709551616);
-    END LOOP;
-    IF v_hash >= 9223372036854775808 THEN
-        v_hash := v_hash - 18446744073709551616;
-    END IF;
-    RETURN lpad(to_hex(v_hash::bigint), 16, '0');
-END $function$;
+WITH RECURSIVE h(i, v) AS (
+    SELECT 0, 14695981039346656037::numeric
+    UNION ALL
+    SELECT h.i + 1,
+           mod((h.v - mod(h.v, 256) + (mod(h.v, 256)::integer # get_byte(p_bytes, h.i))) * 1099511628211,
+               18446744073709551616)
+      FROM h WHERE h.i < length(p_bytes)
+)
+SELECT lpad(to_hex((h.v - CASE WHEN h.v >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::bigint),
+            16, '0')
+  FROM h ORDER BY h.i DESC LIMIT 1
+$function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.fnv1a64(bytea) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint)
@@ -1934,27 +1916,22 @@ REVOKE EXECUTE ON FUNCTION pgtenant.terminate_work(text, bigint, text, integer[]
 
 CREATE OR REPLACE FUNCTION pgtenant.unvouched(p_key text, p_schema text, p_max_epoch bigint)
  RETURNS text
- LANGUAGE plpgsql
+ LANGUAGE sql
  STABLE
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-DECLARE
-    v_live text := CASE WHEN p_schema LIKE 'trash\_%' THEN substr(p_schema, 7) ELSE p_schema END;
-    v_life bigint := substring(v_live FROM '_([0-9]{1,18})_[0-9a-f]{10}$')::bigint;
-    v_owner oid;
-BEGIN
-    IF v_life IS NULL OR v_life > p_max_epoch
-       OR NOT EXISTS (SELECT 1 FROM pgtenant.derived_schema_names(p_key, v_life) d WHERE d = v_live) THEN
-        RETURN format('schema %s is not a name pgtenant derives for tenant %s', p_schema, p_key);
-    END IF;
-    SELECT n.nspowner INTO v_owner FROM pg_namespace n WHERE n.nspname = p_schema;
-    IF NOT FOUND THEN
-        RETURN format('schema %s does not exist', p_schema);
-    END IF;
-    IF v_owner IS DISTINCT FROM pgtenant.tenant_owner() THEN
-        RETURN format('schema %s is owned by %s, not by the tenant-owner role %s',
-                      p_schema, pg_get_userbyid(v_owner), coalesce(pg_get_userbyid(pgtenant.tenant_owner()), '?'));
-    END IF;
-    RETURN NULL;
-END $function$;
+SELECT CASE
+           WHEN v.life IS NULL OR v.life > p_max_epoch
+                OR NOT EXISTS (SELECT 1 FROM pgtenant.derived_schema_names(p_key, v.life) d WHERE d = v.live)
+               THEN format('schema %s is not a name pgtenant derives for tenant %s', p_schema, p_key)
+           WHEN ns.nspowner IS NULL THEN format('schema %s does not exist', p_schema)
+           WHEN ns.nspowner IS DISTINCT FROM v.owner
+               THEN format('schema %s is owned by %s, not by the tenant-owner role %s', p_schema,
+                           pg_get_userbyid(ns.nspowner), coalesce(pg_get_userbyid(v.owner), '?'))
+       END
+  FROM (SELECT l.live, substring(l.live FROM '_([0-9]{1,18})_[0-9a-f]{10}$')::bigint AS life,
+               pgtenant.tenant_owner() AS owner
+          FROM (SELECT CASE WHEN p_schema LIKE 'trash\_%' THEN substr(p_schema, 7) ELSE p_schema END AS live) l) v
+  LEFT JOIN pg_namespace ns ON ns.nspname = p_schema
+$function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.unvouched(text, text, bigint) FROM PUBLIC;
