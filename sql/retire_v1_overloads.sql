@@ -49,7 +49,7 @@ DECLARE
         ['pgtenant.release(text,bigint,text,bigint,text,text,integer)', '352d58d650e1394c648c87eb5c3f4c57'],
         ['pgtenant.release(text,bigint,text,text[],bigint[],text[],text[],integer[])', '2c89336923a89c3f70dd47f41eac6bfd'],
         ['pgtenant.restore(text,text,bigint,text)', '802b7714fe0ad31ba0ab4b7c0c6b979e'],
-        ['pgtenant.restore(text,text,bigint,text,text)', 'd368118a44faaa8ed0a3cc90bd4ca1dd']];
+        ['pgtenant.restore(text,text,bigint,text,text)', '434a57cc704c9546e67104437c966cb6']];
     v_found text;
 BEGIN
     FOR i IN 1 .. array_length(v_expected, 1) LOOP
