@@ -17,13 +17,14 @@
 -- (pgtenant.fence(text, bigint), the sixth V1 overload, stays: it is the fence for psql and SQL
 -- callers, DESIGN §4, granted to PUBLIC and used by the tests; it calls the current fence.)
 --
--- The current library calls none of them, but the current functions do: forget, quarantine,
--- release and restore are V3 wrappers that authenticate and then call the V1 body, and acquire
--- calls the V1 quarantine. So this migration first inlines those bodies, unchanged, into the
--- current functions (same signatures, same privileges), then drops the overloads.
+-- The current library calls none of them, but the current functions do: quarantine and
+-- release are V3 wrappers that authenticate and then call the V1 body, and acquire calls the
+-- V1 quarantine (forget and restore did too until V12 made each one function). So this
+-- migration first inlines those bodies, unchanged, into the current functions (same
+-- signatures, same privileges), then drops the overloads.
 --
 -- When it may be applied. Only once no supported release calls the overloads. 0.1.0-pre calls
--- all five, and the release that ships control plane V8 (and V9, V10) is rolled out by running
+-- all five, and the release that ships control plane V8 (and V9 to V12) is rolled out by running
 -- setup while 0.1.0-pre replicas still run. So it cannot ship in that release: it belongs in
 -- the release after it, as migrations/V<next>__retire_v1_overloads.sql, whose upgrade notes
 -- then say "upgrade from 0.1.0-pre through the previous release first; every 0.1.0-pre replica
@@ -31,9 +32,10 @@
 -- release's control plane instead of V2.
 --
 -- It refuses to run on a control plane whose ten functions are not exactly the ones it was
--- written against (V8): a later migration that changed one of them would otherwise be undone
--- by the bodies below. Then rewrite those bodies from sql/schema.sql and update the
--- fingerprints (tests/schema.rs prints the current ones when this check fails there).
+-- written against (V8's, and V12's forget and restore): a later migration that changed one
+-- of them would otherwise be undone by the bodies below. Then rewrite those bodies from
+-- sql/schema.sql and update the fingerprints (tests/schema.rs prints the current ones when
+-- this check fails there).
 
 DO $$
 DECLARE
@@ -41,20 +43,20 @@ DECLARE
         ['pgtenant.acquire(text,text,text,text,bigint,boolean)', '770f19797e6fe49a06a9e425d59aa5ec'],
         ['pgtenant.acquire(text,text,text,text,bigint,text,boolean)', 'c6f4af81cca0a17ca8324eb190316f53'],
         ['pgtenant.forget(text,bigint,text,bigint)', 'e68ac944f1764bc9ac8eb5d16269eb7a'],
-        ['pgtenant.forget(text,bigint,text,bigint,text)', 'a116fd19b73d4df40128c8e3862970be'],
+        ['pgtenant.forget(text,bigint,text,bigint,text)', '306ec6f85c0825b968c89640a75e7443'],
         ['pgtenant.quarantine(text,text,text,text)', '9f16122a5a2a92453262aac6e1c955fd'],
         ['pgtenant.quarantine(text,text,text,bigint,text,bigint,text,text,text)', '36eeb9563688da377586802518949892'],
         ['pgtenant.release(text,bigint,text,bigint,text,text,integer)', '352d58d650e1394c648c87eb5c3f4c57'],
         ['pgtenant.release(text,bigint,text,text[],bigint[],text[],text[],integer[])', '2c89336923a89c3f70dd47f41eac6bfd'],
         ['pgtenant.restore(text,text,bigint,text)', '802b7714fe0ad31ba0ab4b7c0c6b979e'],
-        ['pgtenant.restore(text,text,bigint,text,text)', '4d295a6a3d232aaf7ae5aff05d618810']];
+        ['pgtenant.restore(text,text,bigint,text,text)', '434a57cc704c9546e67104437c966cb6']];
     v_found text;
 BEGIN
     FOR i IN 1 .. array_length(v_expected, 1) LOOP
         SELECT md5(concat_ws('|', p.prosrc, p.prosecdef, p.provolatile, p.proconfig::text)) INTO v_found
           FROM pg_catalog.pg_proc p WHERE p.oid = pg_catalog.to_regprocedure(v_expected[i][1]);
         IF v_found IS DISTINCT FROM v_expected[i][2] THEN
-            RAISE EXCEPTION 'retire_v1_overloads: % is not the V8 function this migration was written against (fingerprint %, expected %)',
+            RAISE EXCEPTION 'retire_v1_overloads: % is not the function this migration was written against (fingerprint %, expected %)',
                 v_expected[i][1], coalesce(v_found, 'none: the function is missing'), v_expected[i][2]
                 USING HINT = 'a later migration changed it: rewrite this migration''s bodies from sql/schema.sql and update the fingerprints';
         END IF;
@@ -225,99 +227,8 @@ BEGIN
     END LOOP;
 END $$;
 
--- V3's forget with the V1 body inlined.
-CREATE OR REPLACE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint, p_secret text)
-RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
-DECLARE
-    t pgtenant.tenants%ROWTYPE;
-    v_trash text;
-BEGIN
-    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF01',
-            MESSAGE = format('pgtenant fenced: cannot forget tenant %s: replica %s incarnation %s is not registered', p_key, p_replica, p_incarnation);
-    END IF;
-    SELECT * INTO t FROM pgtenant.tenants
-     WHERE key = p_key AND epoch = p_epoch AND owner = p_replica AND owner_incarnation = p_incarnation
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF01',
-            MESSAGE = format('pgtenant fenced: cannot forget tenant %s: epoch %s of replica %s is not its lease', p_key, p_epoch, p_replica);
-    END IF;
-    IF t.schema_name IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTF02', MESSAGE = format('tenant %s has no live schema', p_key);
-    END IF;
-    -- Waits for the fenced transactions in flight; none of this epoch passes the fence after.
-    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
-    v_trash := 'trash_' || t.schema_name;
-    EXECUTE format('ALTER SCHEMA %I RENAME TO %I', t.schema_name, v_trash);
-    UPDATE pgtenant.tenants
-       SET forgotten_at_epoch = t.epoch, schema_name = NULL, schema_version = 0,
-           owner = NULL, owner_incarnation = NULL, reserved_for = NULL, reserved_until = NULL
-     WHERE key = p_key;
-    INSERT INTO pgtenant.trash (schema_name, tenant_key, epoch, live_name, schema_version)
-    VALUES (v_trash, p_key, t.epoch, t.schema_name, t.schema_version);
-    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
-    VALUES (p_key, 'forgotten', t.epoch, p_replica, p_incarnation, 'schema moved to ' || v_trash);
-    RETURN v_trash;
-END $$;
-
--- V3's restore with V4's restore body inlined.
-CREATE OR REPLACE FUNCTION pgtenant.restore(p_key text, p_replica text, p_incarnation bigint, p_secret text,
-                                            p_new_schema_for_epoch text)
-RETURNS TABLE (epoch bigint, schema_name text, schema_version integer, lock_key integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
-DECLARE
-    t pgtenant.tenants%ROWTYPE;
-    g pgtenant.trash%ROWTYPE;
-    o record;
-    v_epoch bigint;
-BEGIN
-    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTL02',
-            MESSAGE = format('replica %s incarnation %s is not registered', p_replica, p_incarnation);
-    END IF;
-    SELECT * INTO t FROM pgtenant.tenants WHERE key = p_key FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTN01', MESSAGE = format('tenant %s does not exist', p_key);
-    END IF;
-    IF t.schema_name IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTR01',
-            MESSAGE = format('tenant %s already has a new life (schema %s at epoch %s): restoring would replace it', p_key, t.schema_name, t.epoch),
-            HINT = 'forget the new life first if the old one should come back';
-    END IF;
-    IF t.owner IS NOT NULL THEN
-        SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
-        IF o.incarnation = t.owner_incarnation AND o.alive AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
-            PERFORM pgtenant.raise_held(p_key, t.owner, t.epoch, o.expires_at, false);
-        END IF;
-    END IF;
-    SELECT * INTO g FROM pgtenant.trash tr
-     WHERE tr.tenant_key = p_key AND tr.swept_at IS NULL AND to_regnamespace(tr.schema_name) IS NOT NULL
-     ORDER BY tr.epoch DESC LIMIT 1;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'PTR01',
-            MESSAGE = format('tenant %s has nothing in the trash to restore (swept, or never forgotten)', p_key);
-    END IF;
-    -- The new life's name is derived client-side from the id and the new epoch, which is
-    -- pgtenant.next_epoch(t.epoch): the caller passes it for exactly that epoch, checked here.
-    v_epoch := pgtenant.next_epoch(t.epoch);
-    IF p_new_schema_for_epoch !~ ('_' || v_epoch || '_[0-9a-f]{10}$') THEN
-        RAISE EXCEPTION 'schema name % is not for epoch %', p_new_schema_for_epoch, v_epoch;
-    END IF;
-    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
-    EXECUTE format('ALTER SCHEMA %I RENAME TO %I', g.schema_name, p_new_schema_for_epoch);
-    DELETE FROM pgtenant.trash tr WHERE tr.schema_name = g.schema_name;
-    UPDATE pgtenant.tenants
-       SET epoch = v_epoch, schema_name = p_new_schema_for_epoch, schema_version = g.schema_version,
-           owner = p_replica, owner_incarnation = p_incarnation, acquired_at = now(),
-           quarantine_cause = NULL, quarantine_repair = NULL, quarantined_at = NULL
-     WHERE key = p_key;
-    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
-    VALUES (p_key, 'restored', v_epoch, p_replica, p_incarnation,
-            format('from %s (epoch %s) as %s', g.schema_name, g.epoch, p_new_schema_for_epoch));
-    RETURN QUERY SELECT v_epoch, p_new_schema_for_epoch, g.schema_version, t.lock_key;
-END $$;
+-- forget(…, text) and restore(…, text) need nothing: since V12 they no longer call the V1
+-- bodies (each is one self-contained function that also vouches for the schemas it renames).
 
 DROP FUNCTION pgtenant.acquire(text, text, text, text, bigint, boolean);
 DROP FUNCTION pgtenant.quarantine(text, text, text, text);

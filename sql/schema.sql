@@ -16,6 +16,7 @@
 --   V9__fence_signalled
 --   V10__scale
 --   V11__untracked_work
+--   V12__tenant_boundary
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -38,6 +39,16 @@ CREATE TABLE pgtenant.config (
     CONSTRAINT config_singleton_check CHECK (singleton)
 );
 COMMENT ON TABLE pgtenant.config IS 'The application and operator roles pgtenant setup granted to; tenant schemas are expected to be owned by app_role.';
+
+CREATE TABLE pgtenant.handoff_requests (
+    tenant_key text NOT NULL,
+    requester text NOT NULL,
+    requester_incarnation bigint NOT NULL,
+    requested_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    CONSTRAINT handoff_requests_pkey PRIMARY KEY (tenant_key, requester),
+    CONSTRAINT handoff_requests_requester_fkey FOREIGN KEY (requester) REFERENCES pgtenant.replicas(replica_id) ON DELETE CASCADE
+);
+COMMENT ON TABLE pgtenant.handoff_requests IS 'Handoff requests (Router::request_handoff), written by request_handoff for an authenticated requester and consumed by the owner (take_handoff_request); a NOTIFY on pgtenant_handoff without a row here is ignored.';
 
 CREATE TABLE pgtenant.history (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -155,11 +166,13 @@ CREATE TABLE pgtenant.trash (
     schema_version integer DEFAULT 0 NOT NULL,
     trashed_at timestamp with time zone DEFAULT now() NOT NULL,
     swept_at timestamp with time zone,
+    sweep_started_at timestamp with time zone,
     CONSTRAINT trash_pkey PRIMARY KEY (schema_name),
     CONSTRAINT trash_tenant_key_fkey FOREIGN KEY (tenant_key) REFERENCES pgtenant.tenants(key)
 );
 CREATE INDEX trash_tenant ON pgtenant.trash USING btree (tenant_key);
 CREATE INDEX trash_unswept ON pgtenant.trash USING btree (trashed_at) WHERE (swept_at IS NULL);
+COMMENT ON COLUMN pgtenant.trash.sweep_started_at IS 'When the sweep began dropping this schema''s objects (set in the transaction of its first drop): restore refuses the row from then on.';
 
 CREATE VIEW pgtenant.fleet_status AS
  SELECT fleet_status_rows.tenants,
@@ -616,6 +629,19 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.authenticate(text, bigint, text) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.begin_sweep(p_schema text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    UPDATE pgtenant.trash tr SET sweep_started_at = coalesce(tr.sweep_started_at, now())
+     WHERE tr.schema_name = p_schema AND tr.swept_at IS NULL;
+    RETURN FOUND;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.begin_sweep(text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.bind(p_replica text, p_incarnation bigint, p_secret text)
  RETURNS integer
  LANGUAGE plpgsql
@@ -711,6 +737,21 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.clear_quarantine(text, text) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.created_here(p_schema text)
+ RETURNS boolean
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+    WITH me AS (SELECT pg_current_xact_id()::text::bigint AS top)
+    SELECT coalesce(
+               n.xmin::text::bigint >= 3  -- not a frozen or bootstrap row
+               AND pg_xact_status((me.top + ((n.xmin::text::bigint - me.top + 2147483648) % 4294967296
+                                             + 4294967296) % 4294967296 - 2147483648)::text::xid8) = 'in progress',
+               false)
+      FROM me, pg_namespace n WHERE n.nspname = p_schema
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.created_here(text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.declare_session_fencing(p_replica text, p_incarnation bigint, p_secret text)
  RETURNS void
  LANGUAGE plpgsql
@@ -759,6 +800,42 @@ BEGIN
     RETURN v_released;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.deregister(text, bigint, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.derived_schema_name(p_key text, p_epoch bigint, p_salt integer, p_separator text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE STRICT
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT 't_' || replace(left(k.org, w.org_len), '-', '_') || p_separator
+       || replace(left(k.ledger, least(length(k.ledger), r.readable - w.org_len)), '-', '_')
+       || '_' || k.epoch || '_'
+       || left(pgtenant.fnv1a64(convert_to(p_key, 'UTF8') || '\x00'::bytea || convert_to(k.epoch, 'UTF8')
+                                || CASE WHEN p_salt > 0 THEN '\x00'::bytea || convert_to(p_salt::text, 'UTF8')
+                                        ELSE ''::bytea END), 10)
+  FROM (SELECT split_part(p_key, '/', 1) AS org, split_part(p_key, '/', 2) AS ledger,
+               p_epoch::text AS epoch) k,
+       LATERAL (SELECT greatest(57 - (2 + length(p_separator) + 2 + length(k.epoch) + 10), 0) AS readable) r,
+       LATERAL (SELECT least(length(k.org),
+                             greatest(greatest(r.readable - length(k.ledger), 0), r.readable / 2)) AS org_len) w
+ WHERE p_key ~ '^[a-z0-9][a-z0-9-]{0,29}/[a-z0-9][a-z0-9-]{0,29}$' AND p_epoch >= 0
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.derived_schema_name(text, bigint, integer, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.derived_schema_names(p_key text, p_epoch bigint)
+ RETURNS SETOF text
+ LANGUAGE sql
+ IMMUTABLE STRICT
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT d.name
+  FROM (VALUES (1, 0, '__'), (2, 1, '__'), (3, 2, '__'), (4, 3, '__'), (5, 4, '__'),
+               (6, 5, '__'), (7, 6, '__'), (8, 7, '__'), (9, 0, '_')) n(ord, salt, sep),
+       LATERAL (SELECT pgtenant.derived_schema_name(p_key, p_epoch, n.salt, n.sep) AS name) d
+ WHERE d.name IS NOT NULL
+ ORDER BY n.ord
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.derived_schema_names(text, bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.end_fence_holders(p_lock integer, p_timeout_ms bigint)
  RETURNS text
@@ -1042,6 +1119,27 @@ SELECT x.*
                                      oldest_trashed_at timestamptz, replicas bigint,
                                      replicas_alive bigint)
 $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.fleet_status_rows(bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.fnv1a64(p_bytes bytea)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE STRICT
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+WITH RECURSIVE h(i, v) AS (
+    SELECT 0, 14695981039346656037::numeric
+    UNION ALL
+    SELECT h.i + 1,
+           mod((h.v - mod(h.v, 256) + (mod(h.v, 256)::integer # get_byte(p_bytes, h.i))) * 1099511628211,
+               18446744073709551616)
+      FROM h WHERE h.i < length(p_bytes)
+)
+SELECT lpad(to_hex((h.v - CASE WHEN h.v >= 9223372036854775808 THEN 18446744073709551616 ELSE 0 END)::bigint),
+            16, '0')
+  FROM h ORDER BY h.i DESC LIMIT 1
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.fnv1a64(bytea) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint)
  RETURNS text
@@ -1083,12 +1181,44 @@ CREATE OR REPLACE FUNCTION pgtenant.forget(p_key text, p_epoch bigint, p_replica
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
+DECLARE
+    t pgtenant.tenants%ROWTYPE;
+    v_trash text;
+    v_why text;
 BEGIN
     IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
         RAISE EXCEPTION USING ERRCODE = 'PTF01',
             MESSAGE = format('pgtenant fenced: cannot forget tenant %s: replica %s incarnation %s is not registered', p_key, p_replica, p_incarnation);
     END IF;
-    RETURN pgtenant.forget(p_key, p_epoch, p_replica, p_incarnation);
+    SELECT * INTO t FROM pgtenant.tenants tt
+     WHERE tt.key = p_key AND tt.epoch = p_epoch AND tt.owner = p_replica AND tt.owner_incarnation = p_incarnation
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF01',
+            MESSAGE = format('pgtenant fenced: cannot forget tenant %s: epoch %s of replica %s is not its lease', p_key, p_epoch, p_replica);
+    END IF;
+    IF t.schema_name IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTF02', MESSAGE = format('tenant %s has no live schema', p_key);
+    END IF;
+    v_why := pgtenant.unvouched(p_key, t.schema_name, t.epoch);
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTV01',
+            MESSAGE = format('pgtenant: cannot forget tenant %s: %s', p_key, v_why),
+            HINT = 'pgtenant renames only schemas it made; if this schema really is the tenant''s ledger, give it to the tenant-owner role (ALTER SCHEMA ... OWNER TO) and forget again; nothing was changed';
+    END IF;
+    -- Waits for the fenced transactions in flight; none of this epoch passes the fence after.
+    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
+    v_trash := 'trash_' || t.schema_name;
+    EXECUTE format('ALTER SCHEMA %I RENAME TO %I', t.schema_name, v_trash);
+    UPDATE pgtenant.tenants tt
+       SET forgotten_at_epoch = t.epoch, schema_name = NULL, schema_version = 0,
+           owner = NULL, owner_incarnation = NULL, reserved_for = NULL, reserved_until = NULL
+     WHERE tt.key = p_key;
+    INSERT INTO pgtenant.trash (schema_name, tenant_key, epoch, live_name, schema_version)
+    VALUES (v_trash, p_key, t.epoch, t.schema_name, t.schema_version);
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, 'forgotten', t.epoch, p_replica, p_incarnation, 'schema moved to ' || v_trash);
+    RETURN v_trash;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.forget(text, bigint, text, bigint, text) FROM PUBLIC;
 
@@ -1098,18 +1228,20 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v10(p_app, p_operator);
+    PERFORM pgtenant.grant_roles_before_v12(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status TO %I', p_app);
-        EXECUTE format('GRANT EXECUTE ON FUNCTION
-            pgtenant.acquire(text, text, text, text, bigint, text, boolean, integer, integer, bigint)
-            TO %I', p_app);
+        -- A view's functions are checked against its reader: replica_status and fleet_status
+        -- need theirs.
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.replica_status_rows(), pgtenant.fleet_status_rows(bigint),
+                            pgtenant.request_handoff(text, text, bigint, text),
+                            pgtenant.take_handoff_request(text, bigint, text, text, text)
+                        TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status, pgtenant.sweep_backlog TO %I',
-                       p_operator);
-        -- A view's functions run with its reader's rights.
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.sweep_backlog_rows(bigint) TO %I', p_operator);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.replica_status_rows(), pgtenant.fleet_status_rows(bigint),
+                            pgtenant.status_report(bigint), pgtenant.begin_sweep(text)
+                        TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.handoff_requests TO %I', p_operator);
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
@@ -1165,6 +1297,35 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v10(name, name) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v12(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v10(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status TO %I', p_app);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+            pgtenant.acquire(text, text, text, text, bigint, text, boolean, integer, integer, bigint)
+            TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.lease_rows, pgtenant.fleet_status, pgtenant.sweep_backlog TO %I',
+                       p_operator);
+        -- A view's functions run with its reader's rights.
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.sweep_backlog_rows(bigint) TO %I', p_operator);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v12(name, name) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
+ RETURNS interval
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$ SELECT interval '1 minute' $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.handoff_request_ttl() FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.heartbeat(p_replica text, p_incarnation bigint, p_secret text, p_ttl_ms integer)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -1183,6 +1344,17 @@ BEGIN
     RETURN FOUND;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.heartbeat(text, bigint, text, integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.is_derived_schema_name(p_key text, p_epoch bigint, p_name text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE STRICT
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT p_name = pgtenant.derived_schema_name(p_key, p_epoch, 0, '__')
+       OR EXISTS (SELECT 1 FROM pgtenant.derived_schema_names(p_key, p_epoch) d WHERE d = p_name)
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.is_derived_schema_name(text, bigint, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.is_sealed(p_replica text, p_incarnation bigint)
  RETURNS boolean
@@ -1341,9 +1513,18 @@ CREATE OR REPLACE FUNCTION pgtenant.record_swept(p_schema text, p_tenant text)
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
+DECLARE
+    v_life bigint := substring(p_schema FROM '_([0-9]{1,18})_[0-9a-f]{10}$')::bigint;
 BEGIN
     IF to_regnamespace(p_schema) IS NOT NULL THEN
         RAISE EXCEPTION 'pgtenant: schema % still exists; drop it before recording the sweep', p_schema;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.trash tr WHERE tr.schema_name = p_schema AND tr.tenant_key = p_tenant)
+       AND NOT EXISTS (SELECT 1 FROM pgtenant.tenants t
+                        WHERE t.key = p_tenant AND v_life <= t.forgotten_at_epoch
+                          AND pgtenant.is_derived_schema_name(p_tenant, v_life, p_schema)) THEN
+        RAISE EXCEPTION 'pgtenant: % is neither a trashed schema of tenant % nor a schema of one of its forgotten lives',
+            p_schema, p_tenant;
     END IF;
     UPDATE pgtenant.trash tr SET swept_at = now() WHERE tr.schema_name = p_schema AND tr.swept_at IS NULL;
     INSERT INTO pgtenant.history (tenant_key, event, detail) VALUES (p_tenant, 'swept', p_schema);
@@ -1469,6 +1650,32 @@ SELECT x.*
                                            sealed_at timestamptz, state text)
  ORDER BY x.replica_id
 $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.replica_status_rows() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.request_handoff(p_key text, p_replica text, p_incarnation bigint, p_secret text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTL02',
+            MESSAGE = format('replica %s incarnation %s is not registered', p_replica, p_incarnation);
+    END IF;
+    DELETE FROM pgtenant.handoff_requests h WHERE h.requested_at < clock_timestamp() - pgtenant.handoff_request_ttl();
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.tenants t WHERE t.key = p_key) THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgtenant.handoff_requests AS h (tenant_key, requester, requester_incarnation)
+    VALUES (p_key, p_replica, p_incarnation)
+    ON CONFLICT (tenant_key, requester) DO UPDATE
+       SET requester_incarnation = EXCLUDED.requester_incarnation, requested_at = EXCLUDED.requested_at;
+    -- The previous release's payload: its owners answer this request too (unauthenticated).
+    PERFORM pg_notify('pgtenant_handoff', json_build_object('tenant', p_key, 'requester', p_replica)::text);
+    RETURN true;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.request_handoff(text, text, bigint, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.reset_session(p_tenant text)
  RETURNS void
@@ -1485,6 +1692,7 @@ BEGIN
     IF pg_catalog.pg_my_temp_schema() OPERATOR(pg_catalog.<>) 0 THEN
         DISCARD TEMP;
     END IF;
+    DISCARD SEQUENCES;
     FOR v_name IN SELECT p.name FROM pg_catalog.pg_prepared_statements p WHERE p.from_sql LOOP
         EXECUTE pg_catalog.format('DEALLOCATE %I', v_name);
     END LOOP;
@@ -1551,12 +1759,75 @@ CREATE OR REPLACE FUNCTION pgtenant.restore(p_key text, p_replica text, p_incarn
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
+DECLARE
+    t pgtenant.tenants%ROWTYPE;
+    g pgtenant.trash%ROWTYPE;
+    o record;
+    v_epoch bigint;
+    v_why text;
 BEGIN
     IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
         RAISE EXCEPTION USING ERRCODE = 'PTL02',
             MESSAGE = format('replica %s incarnation %s is not registered', p_replica, p_incarnation);
     END IF;
-    RETURN QUERY SELECT * FROM pgtenant.restore(p_key, p_replica, p_incarnation, p_new_schema_for_epoch);
+    SELECT * INTO t FROM pgtenant.tenants tt WHERE tt.key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTN01', MESSAGE = format('tenant %s does not exist', p_key);
+    END IF;
+    IF t.schema_name IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTR01',
+            MESSAGE = format('tenant %s already has a new life (schema %s at epoch %s): restoring would replace it', p_key, t.schema_name, t.epoch),
+            HINT = 'forget the new life first if the old one should come back';
+    END IF;
+    IF t.owner IS NOT NULL THEN
+        SELECT * INTO o FROM pgtenant.replica_liveness l WHERE l.replica_id = t.owner;
+        IF o.incarnation = t.owner_incarnation AND o.alive AND NOT (t.owner = p_replica AND t.owner_incarnation = p_incarnation) THEN
+            PERFORM pgtenant.raise_held(p_key, t.owner, t.epoch, o.expires_at, false);
+        END IF;
+    END IF;
+    -- Locked: a sweep marks the row in the transaction of its first drop, so either that
+    -- transaction committed before (the mark is seen here) or it waits for this one (and then
+    -- finds the row gone, and drops nothing).
+    SELECT * INTO g FROM pgtenant.trash tr
+     WHERE tr.tenant_key = p_key AND tr.swept_at IS NULL AND to_regnamespace(tr.schema_name) IS NOT NULL
+     ORDER BY tr.epoch DESC LIMIT 1
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTR01',
+            MESSAGE = format('tenant %s has nothing in the trash to restore (swept, or never forgotten)', p_key);
+    END IF;
+    IF g.sweep_started_at IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTR01',
+            MESSAGE = format('tenant %s''s trashed schema %s (epoch %s) is being swept since %s and has lost objects: it cannot be restored whole. Let the sweep finish it; then create the tenant anew, or restore from a backup; nothing was changed',
+                             p_key, g.schema_name, g.epoch, g.sweep_started_at);
+    END IF;
+    v_why := pgtenant.unvouched(p_key, g.schema_name, g.epoch);
+    IF v_why IS NOT NULL OR g.schema_name IS DISTINCT FROM 'trash_' || g.live_name THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTR01',
+            MESSAGE = format('tenant %s''s trashed schema %s is not one pgtenant made: %s. Nothing was changed; a person must look at it',
+                             p_key, g.schema_name, coalesce(v_why, 'its name is not the trash prefix and the live name'));
+    END IF;
+    -- The new life's name is derived client-side from the id and the new epoch, which is
+    -- pgtenant.next_epoch(t.epoch): the caller passes one of the names derived for exactly
+    -- that epoch (a later salt when a name is taken), checked here.
+    v_epoch := pgtenant.next_epoch(t.epoch);
+    IF NOT coalesce(pgtenant.is_derived_schema_name(p_key, v_epoch, p_new_schema_for_epoch), false) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTV01',
+            MESSAGE = format('pgtenant: schema name %s is not one pgtenant derives for tenant %s at epoch %s', p_new_schema_for_epoch, p_key, v_epoch),
+            HINT = 'nothing was changed';
+    END IF;
+    PERFORM pg_advisory_xact_lock(pgtenant.tenant_lock_namespace(), t.lock_key);
+    EXECUTE format('ALTER SCHEMA %I RENAME TO %I', g.schema_name, p_new_schema_for_epoch);
+    DELETE FROM pgtenant.trash tr WHERE tr.schema_name = g.schema_name;
+    UPDATE pgtenant.tenants tt
+       SET epoch = v_epoch, schema_name = p_new_schema_for_epoch, schema_version = g.schema_version,
+           owner = p_replica, owner_incarnation = p_incarnation, acquired_at = now(),
+           quarantine_cause = NULL, quarantine_repair = NULL, quarantined_at = NULL
+     WHERE tt.key = p_key;
+    INSERT INTO pgtenant.history (tenant_key, event, epoch, replica_id, incarnation, detail)
+    VALUES (p_key, 'restored', v_epoch, p_replica, p_incarnation,
+            format('from %s (epoch %s) as %s', g.schema_name, g.epoch, p_new_schema_for_epoch));
+    RETURN QUERY SELECT v_epoch, p_new_schema_for_epoch, g.schema_version, t.lock_key;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.restore(text, text, bigint, text, text) FROM PUBLIC;
 
@@ -1566,13 +1837,25 @@ CREATE OR REPLACE FUNCTION pgtenant.schema_created(p_key text, p_epoch bigint, p
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
+DECLARE
+    v_why text;
 BEGIN
     IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
         RAISE EXCEPTION USING ERRCODE = 'PTF01',
             MESSAGE = format('pgtenant fenced: replica %s incarnation %s is not registered', p_replica, p_incarnation);
     END IF;
-    IF to_regnamespace(p_schema) IS NULL THEN
-        RAISE EXCEPTION 'pgtenant: schema % does not exist', p_schema;
+    v_why := pgtenant.unvouched(p_key, p_schema, p_epoch);
+    IF v_why IS NULL
+       AND substring(p_schema FROM '_([0-9]{1,18})_[0-9a-f]{10}$')::bigint IS DISTINCT FROM p_epoch THEN
+        v_why := format('schema %s is not named for epoch %s, the life being created', p_schema, p_epoch);
+    END IF;
+    IF v_why IS NULL AND NOT pgtenant.created_here(p_schema) THEN
+        v_why := format('schema %s was not created by this transaction', p_schema);
+    END IF;
+    IF v_why IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTV01',
+            MESSAGE = format('pgtenant: cannot record schema %s for tenant %s: %s', p_schema, p_key, v_why),
+            HINT = 'a tenant''s schema is created by its creating transaction under the name pgtenant derives, as the tenant-owner role (setup''s --app-role); nothing was changed';
     END IF;
     UPDATE pgtenant.tenants t SET schema_name = p_schema, schema_version = p_version
      WHERE t.key = p_key AND t.epoch = p_epoch AND t.owner = p_replica
@@ -1769,6 +2052,7 @@ SELECT (SELECT jsonb_build_object(
           FROM per_state p),
        (SELECT coalesce(jsonb_agg(to_jsonb(x) ORDER BY x.replica_id), '[]'::jsonb) FROM replica_rows x)
 $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.status_report(bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.sweep_backlog_rows(p_retention_ms bigint)
  RETURNS TABLE(trash_due bigint, trash_kept bigint, oldest_due_at timestamp with time zone, orphan_schemas bigint)
@@ -1794,11 +2078,42 @@ SELECT (SELECT count(*) FROM pgtenant.trash x
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.sweep_backlog_rows(bigint) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.take_handoff_request(p_replica text, p_incarnation bigint, p_secret text, p_key text, p_requester text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
+        RETURN false;
+    END IF;
+    DELETE FROM pgtenant.handoff_requests h
+     USING pgtenant.tenants t, pgtenant.replica_liveness l
+     WHERE h.tenant_key = p_key AND h.requester = p_requester
+       AND h.requested_at >= clock_timestamp() - pgtenant.handoff_request_ttl()
+       AND t.key = h.tenant_key AND t.owner = p_replica AND t.owner_incarnation = p_incarnation
+       AND l.replica_id = h.requester AND l.incarnation = h.requester_incarnation AND l.alive;
+    RETURN FOUND;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.take_handoff_request(text, bigint, text, text, text) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.tenant_lock_namespace()
  RETURNS integer
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
 AS $function$ SELECT 1885828146 $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.tenant_owner()
+ RETURNS oid
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+    SELECT coalesce((SELECT r.oid FROM pg_roles r, pgtenant.config c WHERE r.rolname = c.app_role),
+                    (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgtenant'))
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.tenant_owner() FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.terminate_bound(p_replica text, p_incarnation bigint, p_pids integer[], p_timeout_ms bigint)
  RETURNS integer
@@ -1862,3 +2177,25 @@ BEGIN
     RETURN pgtenant.terminate_bound(p_replica, p_incarnation, p_pids, p_timeout_ms);
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.terminate_work(text, bigint, text, integer[], bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.unvouched(p_key text, p_schema text, p_max_epoch bigint)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT CASE
+           WHEN v.life IS NULL OR v.life > p_max_epoch
+                OR NOT coalesce(pgtenant.is_derived_schema_name(p_key, v.life, v.live), false)
+               THEN format('schema %s is not a name pgtenant derives for tenant %s', p_schema, p_key)
+           WHEN ns.nspowner IS NULL THEN format('schema %s does not exist', p_schema)
+           WHEN ns.nspowner IS DISTINCT FROM v.owner
+               THEN format('schema %s is owned by %s, not by the tenant-owner role %s', p_schema,
+                           pg_get_userbyid(ns.nspowner), coalesce(pg_get_userbyid(v.owner), '?'))
+       END
+  FROM (SELECT l.live, substring(l.live FROM '_([0-9]{1,18})_[0-9a-f]{10}$')::bigint AS life,
+               pgtenant.tenant_owner() AS owner
+          FROM (SELECT CASE WHEN p_schema LIKE 'trash\_%' THEN substr(p_schema, 7) ELSE p_schema END AS live) l) v
+  LEFT JOIN pg_namespace ns ON ns.nspname = p_schema
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.unvouched(text, text, bigint) FROM PUBLIC;

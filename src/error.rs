@@ -294,6 +294,19 @@ pub enum Error {
         in_flight: usize,
     },
 
+    /// The control plane refused to record or rename a schema it cannot vouch for (DESIGN G8):
+    /// its name is not one pgtenant derives for the tenant, or it is not owned by the
+    /// tenant-owner role (setup's application role), or creation did not make it. Nothing was
+    /// changed; the message says what to do.
+    #[error("tenant {tenant}: {message}")]
+    #[non_exhaustive]
+    ForeignSchema {
+        /// The tenant.
+        tenant: TenantId,
+        /// The control plane's refusal, with what to do.
+        message: String,
+    },
+
     /// A restore was refused.
     #[error("cannot restore tenant {tenant}: {reason}")]
     #[non_exhaustive]
@@ -536,6 +549,7 @@ impl Error {
             Error::Quarantined { .. }
             | Error::MigrationFailed { .. }
             | Error::SchemaAhead { .. }
+            | Error::ForeignSchema { .. }
             | Error::RestoreRefused { .. } => ErrorKind::Tenant,
             Error::StaleWork {
                 retryable: true, ..

@@ -126,7 +126,8 @@ pub enum Event {
         /// Work still running.
         in_flight: usize,
     },
-    /// Another replica asked for one of this replica's tenants.
+    /// Another replica asked for one of this replica's tenants (a request the control plane
+    /// confirmed came from that replica's live incarnation).
     HandoffRequested {
         /// The tenant.
         tenant: TenantId,

@@ -109,6 +109,13 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
             hint: db.hint().unwrap_or_default().to_owned(),
             retryable: false,
         }),
+        (FOREIGN_SCHEMA, Some(tenant)) => Some(Error::ForeignSchema {
+            tenant,
+            message: match db.hint() {
+                Some(hint) => format!("{} ({hint})", db.message()),
+                None => db.message().to_owned(),
+            },
+        }),
         (RESTORE_REFUSED, Some(tenant)) => Some(Error::RestoreRefused {
             tenant,
             reason: db.message().to_owned(),

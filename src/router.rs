@@ -251,7 +251,9 @@ impl Router {
     /// Asks the tenant's owner to hand it over to this replica (the owner decides by its
     /// [`HandoffPolicy`](crate::HandoffPolicy); the default hands over at once, after
     /// draining) and waits for it like [`Router::wait_for`] (`Duration::MAX`: without a
-    /// deadline).
+    /// deadline). The request is written through the control plane, which checks that it
+    /// comes from this replica's live incarnation; an owner acts on no other (a bare
+    /// `NOTIFY pgtenant_handoff`, which any role can send, moves nothing).
     pub async fn request_handoff(&self, id: &TenantId, timeout: Duration) -> Result<TenantHandle> {
         if let Some(handle) = self.handle_of(id) {
             return Ok(handle);

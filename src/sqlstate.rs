@@ -24,6 +24,9 @@ pub(crate) const QUARANTINED: &str = "PTQ01";
 pub(crate) const NOT_A_SESSION: &str = "PTS01";
 /// `restore`: a new life exists, or nothing is left in the trash.
 pub(crate) const RESTORE_REFUSED: &str = "PTR01";
+/// `schema_created`, `forget`, `restore`: a schema the control plane cannot vouch for (not a
+/// derived name, another owner than the tenant-owner role, or not made by the creation).
+pub(crate) const FOREIGN_SCHEMA: &str = "PTV01";
 /// `release`: a reservation names a replica that is not registered and alive.
 pub(crate) const NO_SUCH_REPLICA: &str = "PTH01";
 /// `seal_owner`, `terminate_work`: a backend did not exit within the timeout (retryable:

@@ -27,8 +27,11 @@ async fn touch(handle: &TenantHandle) -> (i32, i64) {
                 let row = tx
                     .query_one(
                         // The catalog caches and their children (each relation's index info is
-                        // a context of its own under CacheMemoryContext).
-                        "SELECT pg_backend_pid(), (SELECT sum(total_bytes)::bigint
+                        // a context of its own under CacheMemoryContext), bytes in use: the
+                        // blocks allocated (total_bytes) grow by doubling, so a step of 1 MB
+                        // can fall inside the first connection's life or after it depending on
+                        // what else the backend looked up (V12's creation-time checks moved it).
+                        "SELECT pg_backend_pid(), (SELECT sum(used_bytes)::bigint
                            FROM pg_backend_memory_contexts
                           WHERE name = 'CacheMemoryContext' OR parent = 'CacheMemoryContext')",
                         &[],

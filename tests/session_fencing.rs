@@ -483,7 +483,10 @@ async fn abandon_terminates_the_work_in_flight_before_releasing() {
 /// Where the control plane's owner may not terminate the data sessions (here they log in as a
 /// role the owner is no member of, and the owner lacks pg_signal_backend), an explicit
 /// `Fencing::Session` refuses to start, saying so, and the default falls back to transaction
-/// fencing with the reason in the summary.
+/// fencing with the reason in the summary. The sessions act as the application's role (the
+/// login's default `role`), so the tenant schemas are that role's, as the control plane
+/// requires of the schemas it records and renames (and the owner, a member of it, can rename
+/// them).
 #[tokio::test]
 async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_falls_back() {
     let db = TestDatabase::create().await.expect("test database");
@@ -495,7 +498,8 @@ async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_f
         .batch_execute(&format!(
             "GRANT CREATE ON DATABASE \"{db}\" TO {owner} WITH GRANT OPTION;
              GRANT {app} TO {owner};
-             GRANT {app} TO {member};",
+             GRANT {app} TO {member};
+             ALTER ROLE {member} SET role = {app};",
             db = db.name(),
             owner = owner.name(),
             app = app.name(),

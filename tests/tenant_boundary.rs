@@ -402,7 +402,10 @@ async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
 async fn session_characteristics_cannot_hide_the_end_of_the_fenced_transaction() {
     let (db, _admin) = database().await;
     let (router, one, two) = two_tenants_one_connection(&db).await;
-    let insert = format!("INSERT INTO {}.accounts VALUES (20, 'escaped')", one.schema());
+    let insert = format!(
+        "INSERT INTO {}.accounts VALUES (20, 'escaped')",
+        one.schema()
+    );
     let ended = one
         .run(|tx| {
             Box::pin(async move {
@@ -554,4 +557,111 @@ async fn a_prepared_transaction_in_the_work_never_commits_after_the_epoch_moves_
 async fn a_prepared_transaction_in_the_work_never_blocks_the_next_owner_under_transaction_fencing()
 {
     prepared_transaction_in_the_work(pgtenant::Fencing::Transaction).await;
+}
+
+/// Issue 26, item 6: sequence state is session state. After tenant one's nextval and setval,
+/// tenant two on the same pooled connection has no lastval and no currval of one's sequence
+/// (the reset discards the session's sequence state), while one's own value stays one's.
+#[tokio::test]
+async fn lastval_and_currval_do_not_cross_tenants() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "CREATE SEQUENCE ids CACHE 10; SELECT nextval('ids'); SELECT setval('ids', 42)",
+    )
+    .await;
+    let qualified = format!("SELECT currval('{}.ids')", one.schema());
+    for sql in ["SELECT lastval()".to_owned(), qualified] {
+        let shown = sql.clone();
+        let seen = two
+            .read(move |tx| {
+                Box::pin(async move {
+                    let row = tx.query_one(sql.as_str(), &[]).await?;
+                    Ok::<_, Error>(row.get::<_, i64>(0))
+                })
+            })
+            .await;
+        match seen {
+            Err(error) => assert_eq!(error.sqlstate(), Some("55000"), "{shown}: {error}"),
+            Ok(value) => panic!("{shown} in tenant two returned tenant one's {value}"),
+        }
+    }
+    // One's next value continues from its setval, not from a cache the reset threw away.
+    let next = one
+        .run(|tx| {
+            Box::pin(async move {
+                Ok::<_, Error>(
+                    tx.query_one("SELECT nextval('ids')", &[])
+                        .await?
+                        .get::<_, i64>(0),
+                )
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(next, 43);
+    router.close().await;
+}
+
+/// Issue 26's class search, the session state the reset already covered (each tried, none
+/// crosses): a custom setting set for the session (`set_config(…, false)`), a protocol-level
+/// prepared statement that the work smuggles out and the next tenant's work executes on the
+/// same connection (PostgreSQL parses it again for the new `search_path`, so it reads the next
+/// tenant's table, never the first's), and `SET CONSTRAINTS`, which ends with its transaction.
+#[tokio::test]
+async fn custom_settings_prepared_statements_and_constraint_modes_do_not_cross_tenants() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "SELECT set_config('app.current_customer', 'one-secret', false)",
+    )
+    .await;
+    assert_eq!(
+        text(
+            &two,
+            "SELECT coalesce(current_setting('app.current_customer', true), '')"
+        )
+        .await,
+        ""
+    );
+
+    let statement = one
+        .read(|tx| {
+            Box::pin(async move {
+                let statement = tx
+                    .prepare("SELECT string_agg(name, ',') FROM accounts")
+                    .await?;
+                Ok::<_, Error>(statement)
+            })
+        })
+        .await
+        .expect("prepare in one");
+    let seen = two
+        .read(move |tx| {
+            Box::pin(async move {
+                let row = tx.query_one(&statement, &[]).await?;
+                Ok::<_, Error>(row.get::<_, String>(0))
+            })
+        })
+        .await
+        .expect("one's statement, executed in two");
+    assert_eq!(seen, "two", "the statement reads the tenant it runs for");
+
+    work(
+        &one,
+        "CREATE TABLE parents (id int PRIMARY KEY);
+         CREATE TABLE children (parent int REFERENCES parents DEFERRABLE INITIALLY IMMEDIATE);
+         SET CONSTRAINTS ALL DEFERRED",
+    )
+    .await;
+    let refused = try_work(
+        &one,
+        "INSERT INTO children VALUES (1); INSERT INTO parents VALUES (2)".to_owned(),
+    )
+    .await
+    .expect_err("the constraint is immediate again");
+    assert_eq!(refused.sqlstate(), Some("23503"), "{refused}");
+    router.close().await;
 }

@@ -555,11 +555,22 @@ pub(crate) async fn trash(connection: &Connection, args: &cli::Trash) -> Result<
                 t.tenant.clone(),
                 t.epoch.to_string(),
                 t.trashed_at.clone(),
+                cell(&t.sweep_started_at),
                 cell(&t.swept_at),
             ]
         })
         .collect();
-    output::table(&["schema", "tenant", "epoch", "trashed", "swept"], &rows)
+    output::table(
+        &[
+            "schema",
+            "tenant",
+            "epoch",
+            "trashed",
+            "sweep began",
+            "swept",
+        ],
+        &rows,
+    )
 }
 
 pub(crate) async fn sweep(connection: &Connection, args: &cli::Sweep) -> Result<(), CliError> {

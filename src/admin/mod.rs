@@ -274,6 +274,9 @@ pub struct TrashRecord {
     pub version: i32,
     /// When it was trashed (UTC, RFC 3339).
     pub trashed_at: String,
+    /// When a sweep began dropping its objects (control plane 12 on): from then on it cannot
+    /// be restored, only swept.
+    pub sweep_started_at: Option<String>,
     /// When the sweep removed it.
     pub swept_at: Option<String>,
 }
@@ -282,10 +285,14 @@ pub struct TrashRecord {
 pub async fn list_trash(client: &impl GenericClient) -> Result<Vec<TrashRecord>> {
     let rows = client
         .query(
-            "SELECT schema_name, tenant_key, epoch, live_name, schema_version,
-                    to_char(trashed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-                    to_char(swept_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-               FROM pgtenant.trash ORDER BY trashed_at DESC, schema_name",
+            // sweep_started_at through the row's JSON: NULL on a control plane before 12,
+            // which has no such column.
+            "SELECT t.schema_name, t.tenant_key, t.epoch, t.live_name, t.schema_version,
+                    to_char(t.trashed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                    to_char(t.swept_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                    to_char((to_jsonb(t) ->> 'sweep_started_at')::timestamptz AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+               FROM pgtenant.trash t ORDER BY t.trashed_at DESC, t.schema_name",
             &[],
         )
         .await
@@ -299,6 +306,7 @@ pub async fn list_trash(client: &impl GenericClient) -> Result<Vec<TrashRecord>>
             live_name: row.get(3),
             version: row.get(4),
             trashed_at: row.get(5),
+            sweep_started_at: row.get(7),
             swept_at: row.get(6),
         })
         .collect())

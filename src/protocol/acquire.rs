@@ -396,7 +396,11 @@ async fn create_once(
         ],
     )
     .await
-    .map_err(Error::db_with(context))?;
+    .map_err(|error| match sqlstate::of(&error) {
+        // The control plane would not vouch for the schema (G8): typed, with what to do.
+        Some(sqlstate::FOREIGN_SCHEMA) => refusal::map(error, &scope(id, credentials)),
+        _ => Error::db_with(context)(error),
+    })?;
     tx.commit().await.map_err(Error::db_with(context))?;
     shared.emit(Event::Created {
         tenant: id.clone(),

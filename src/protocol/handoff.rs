@@ -2,20 +2,24 @@
 //! timeout (a failed drain leaves the tenant serving), then release the lease, optionally
 //! reserved for a target replica, through the release batcher (`state/releases.rs`), whose
 //! NOTIFY wakes a replica waiting for the tenant. Also handoff requests (`request_handoff`'s
-//! NOTIFY) and answering other replicas' requests. The plain release, which drains however
+//! row, which the control plane authenticates, and its NOTIFY) and answering other replicas'
+//! requests once the control plane confirms them (G8). The plain release, which drains however
 //! long, is `release.rs`.
 
 use std::sync::Arc;
 
 use tokio::sync::broadcast;
-use tracing::warn;
+use tokio_postgres::types::Type;
+use tracing::{debug, warn};
 
+use crate::control;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
-use crate::lease::{HandleState, Journal};
+use crate::lease::{Epoch, HandleState, Journal};
 use crate::options::{validate_replica_id, HandoffPolicy};
+use crate::refusal::{self, Scope};
 use crate::state::leases::give_back;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
 use crate::state::shared::{HandleInner, Shared};
@@ -71,30 +75,80 @@ pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&str>) -> Re
     give_back(handle, Journal::HandedOff, to).await
 }
 
-/// Asks the owner of `id` (whoever it is) to hand it to this replica: a NOTIFY on
-/// `pgtenant_handoff` that every replica's lease session hears.
+/// Asks the owner of `id` (whoever it is) to hand it to this replica: a row written by
+/// `pgtenant.request_handoff`, which checks this incarnation's secret, and the NOTIFY on
+/// `pgtenant_handoff` that wakes every replica's lease session (G8: the NOTIFY alone, which any
+/// role can send, makes no owner act).
 pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
+    let credentials = shared.current_credentials()?;
     let client = shared
         .pool
         .get()
         .await
         .map_err(pool_error("request a handoff"))?;
-    let payload = serde_json::json!({
-        "tenant": id.key(),
-        "requester": shared.options.replica_id,
-    })
-    .to_string();
-    client
-        .execute("SELECT pg_notify($1, $2)", &[&HANDOFF_CHANNEL, &payload])
-        .await
-        .map_err(Error::db_with(|| {
-            format!("request a handoff of tenant {id}")
-        }))?;
+    let incarnation = credentials.incarnation.get();
+    let scope = Scope {
+        doing: "request a handoff",
+        tenant: Some(id),
+        epoch: Epoch::new(0),
+        replica: &credentials.replica,
+    };
+    control::call(
+        &client,
+        "SELECT pgtenant.request_handoff($1, $2, $3, $4)",
+        &[
+            (&id.key(), Type::TEXT),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&credentials.secret(), Type::TEXT),
+        ],
+    )
+    .await
+    .map_err(|error| refusal::map(error, &scope))?;
     Ok(())
 }
 
-/// Answers other replicas' handoff requests for tenants served here, by policy. Holds only a
-/// weak reference so it ends with the router.
+/// Whether the request a notice announces is real: `pgtenant.take_handoff_request` consumes the
+/// row the requester's live incarnation wrote for this tenant, which this replica holds under
+/// `inner`'s lease. A notice without such a row (forged by any role that can NOTIFY, or a
+/// request of a replica of the previous release, which writes none) is not.
+async fn take_request(inner: &HandleInner, requester: &str) -> Result<bool> {
+    let shared = &inner.router;
+    let client = shared
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("check a handoff request"))?;
+    let credentials = &inner.credentials;
+    let incarnation = credentials.incarnation.get();
+    let rows = control::call(
+        &client,
+        "SELECT pgtenant.take_handoff_request($1, $2, $3, $4, $5)",
+        &[
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&credentials.secret(), Type::TEXT),
+            (&inner.id.key(), Type::TEXT),
+            (&requester, Type::TEXT),
+        ],
+    )
+    .await
+    .map_err(Error::db_with(|| {
+        format!("check a handoff request for tenant {}", inner.id)
+    }))?;
+    match rows.first() {
+        Some(row) => row
+            .try_get(0)
+            .map_err(Error::db("read a handoff request's check")),
+        None => Ok(false),
+    }
+}
+
+/// Answers other replicas' handoff requests for tenants served here, by policy, once the
+/// control plane confirms each. Holds only a weak reference so it ends with the router. The
+/// checks run one at a time: a flood of forged notices costs one statement each, never more
+/// than one connection, and what the flood outruns is dropped with the oldest notices (a
+/// genuine request among them times out at its requester, as a refused one does).
 pub(crate) async fn serve_requests(
     shared: std::sync::Weak<Shared>,
     mut notices: broadcast::Receiver<Notice>,
@@ -122,7 +176,9 @@ pub(crate) async fn serve_requests(
         let Ok(tenant) = TenantId::parse(&request.tenant) else {
             continue;
         };
-        if validate_replica_id("requester", &request.requester).is_err() {
+        if validate_replica_id("requester", &request.requester).is_err()
+            || request.requester == shared.options.replica_id
+        {
             continue;
         }
         let Some(inner) = lock(&shared.handles)
@@ -132,8 +188,20 @@ pub(crate) async fn serve_requests(
         else {
             continue;
         };
-        let accepted = shared.options.handoff_policy == HandoffPolicy::Accept;
-        shared.emit(Event::HandoffRequested {
+        drop(shared);
+        match take_request(&inner, &request.requester).await {
+            Ok(true) => {}
+            Ok(false) => {
+                debug!(%tenant, requester = %request.requester, "handoff notice without a request: ignored");
+                continue;
+            }
+            Err(error) => {
+                warn!(%tenant, %error, "could not check a handoff request");
+                continue;
+            }
+        }
+        let accepted = inner.router.options.handoff_policy == HandoffPolicy::Accept;
+        inner.router.emit(Event::HandoffRequested {
             tenant: tenant.clone(),
             requester: request.requester.clone(),
             accepted,

@@ -95,6 +95,9 @@ pub async fn sweep(
         });
     }
     let mut report = SweepReport::default();
+    // Control plane 12 on, the sweep marks a trash row before its first drop, so a restore
+    // is whole or refused; an older one has no mark (and its restore does not look for one).
+    let marks = crate::control_plane::read_version(&*client).await? >= MARKED_SWEEP_VERSION;
     let retention_ms = i64::try_from(options.retention.as_millis()).unwrap_or(i64::MAX);
     let rows = client
         .query(
@@ -125,8 +128,10 @@ pub async fn sweep(
             report.refused.push((schema, reason));
             continue;
         }
-        match drop_schema(client, options, &schema, &tenant, &mut progress).await {
-            Ok(()) => {
+        let mark = marks && !masked;
+        match drop_schema(client, options, &schema, &tenant, mark, &mut progress).await {
+            Ok(false) => {}
+            Ok(true) => {
                 if masked {
                     report.masked.push(schema.clone());
                 }
@@ -283,13 +288,23 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The control-plane version whose restore refuses a trash row the sweep has begun on
+/// (`pgtenant.begin_sweep`, `trash.sweep_started_at`).
+const MARKED_SWEEP_VERSION: i64 = 12;
+
+/// Drops `schema` batch by batch; false when it was left alone because it became live again or
+/// its trash row went (restored) before the first drop. With `mark`, each batch's transaction
+/// first marks the trash row as being swept (`pgtenant.begin_sweep`, which locks the row): from
+/// the first committed drop on, restore refuses the row instead of bringing back a schema with
+/// objects missing, and a restore that got there first holds the row until it commits.
 async fn drop_schema(
     client: &mut Client,
     options: &SweepOptions,
     schema: &str,
     tenant: &str,
+    mark: bool,
     progress: &mut impl FnMut(&str, usize),
-) -> Result<()> {
+) -> Result<bool> {
     let context = || format!("sweep schema {schema}");
     let lock_timeout = format!("{}ms", options.lock_timeout.as_millis().max(1));
     let batch = i64::try_from(options.objects_per_transaction).unwrap_or(20);
@@ -313,7 +328,18 @@ async fn drop_schema(
             .map_err(Error::db_with(context))?;
         if live.is_some() {
             // Became live (restored) since it was listed: never touch it.
-            return Ok(());
+            return Ok(false);
+        }
+        if mark {
+            let marked: bool = tx
+                .query_one("SELECT pgtenant.begin_sweep($1)", &[&schema])
+                .await
+                .and_then(|row| row.try_get(0))
+                .map_err(Error::db_with(context))?;
+            if !marked {
+                // Restored (or swept by another sweep) since it was listed.
+                return Ok(false);
+            }
         }
         // Partitions before their parents, so no single drop cascades over many relations.
         let objects = tx
@@ -335,7 +361,7 @@ async fn drop_schema(
             if dropped == 0 {
                 progress(schema, dropped);
             }
-            return Ok(());
+            return Ok(true);
         }
         let mut statements = String::new();
         for row in &objects {

@@ -44,7 +44,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 11] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 12] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -88,6 +88,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 11] = [
     (
         "V11__untracked_work",
         include_str!("../../migrations/V11__untracked_work.sql"),
+    ),
+    (
+        "V12__tenant_boundary",
+        include_str!("../../migrations/V12__tenant_boundary.sql"),
     ),
 ];
 
