@@ -15,7 +15,7 @@ use crate::lease::Epoch;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A tenant id broke the fixed format; nothing was sent to the database.
+    /// A tenant id broke the rules of [`TenantId::new`]; nothing was sent to the database.
     #[error(transparent)]
     InvalidTenantId(#[from] InvalidTenantId),
 
@@ -709,6 +709,71 @@ impl fmt::Display for DbCause<'_> {
 
 /// Convenience alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A tenant id's constructors return [`Error`], so that an application's error type needs one
+/// conversion (`From<pgtenant::Error>`) for everything pgtenant returns. They are here, not in
+/// `id.rs`, which the errors build on.
+impl TenantId {
+    /// Validates both parts and builds the id. Nothing is sent anywhere: the rules are checked
+    /// here, before any database call.
+    ///
+    /// The rules, for each part (organization and ledger):
+    /// * 1 to [`MAX_ID_PART_LEN`](crate::MAX_ID_PART_LEN) (128) bytes;
+    /// * ASCII letters, digits, `.`, `_` and `-` only (`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`),
+    ///   so no `/` (the key is `organization/ledger`), no space, quote or non-ASCII letter;
+    /// * starting with a letter or digit (never `-`, which a command line reads as a flag).
+    ///
+    /// UUIDs (`3f2c1a9e-8b7d-4c6e-9f1a-2b3c4d5e6f70`), ULIDs (`01HZX3K8Q2M4N6P8R0T2V4W6Y8`),
+    /// KSUIDs, prefixed ids (`org_2NxX…`), slugs and domain names fit as they are.
+    ///
+    /// Ids are **case-sensitive**: `Acme/x` and `acme/x` are two tenants (their schemas get
+    /// different names). Ids that are case-insensitive by their own rules, as UUIDs and ULIDs
+    /// are, should reach pgtenant in one case (say, lowercase) from every path of the
+    /// application.
+    ///
+    /// The tenant's schema name is derived from the id ([`TenantId::schema_name`]): a
+    /// lowercase prefix of each part plus a hash, always within PostgreSQL's 63 bytes.
+    ///
+    /// ```
+    /// use pgtenant::TenantId;
+    ///
+    /// let id = TenantId::new("acme", "invoices")?;
+    /// assert_eq!(id.key(), "acme/invoices");
+    /// assert!(TenantId::new("acme", "in voices").is_err());
+    /// # Ok::<(), pgtenant::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidTenantId`], whose [`InvalidTenantId`] names the part and the rule it
+    /// broke ([`ErrorKind::InvalidInput`]).
+    pub fn new(organization: &str, ledger: &str) -> Result<TenantId> {
+        Ok(TenantId::validated(organization, ledger)?)
+    }
+
+    /// Parses a key of the form `organization/ledger` (exactly one `/`), each part by the
+    /// rules of [`TenantId::new`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidTenantId`] naming the part and the rule it broke.
+    pub fn parse(key: &str) -> Result<TenantId> {
+        Ok(TenantId::parsed(key)?)
+    }
+}
+
+impl std::str::FromStr for TenantId {
+    type Err = Error;
+    fn from_str(key: &str) -> Result<TenantId> {
+        TenantId::parse(key)
+    }
+}
+
+/// What serde deserializes a tenant id from: its key.
+impl TryFrom<String> for TenantId {
+    type Error = Error;
+    fn try_from(key: String) -> Result<TenantId> {
+        TenantId::parse(&key)
+    }
+}
 
 /// Parsing a state name (`held`, `free`, …), as the operator filters take it: the error is
 /// here, not in `lease.rs`, which the errors build on.

@@ -134,7 +134,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .map_err(IntoResponse::into_response)?;
         TenantId::new(&org, &ledger)
             .map(Tenant)
-            .map_err(|invalid| ApiError::from(Error::from(invalid)).into_response())
+            .map_err(|invalid| ApiError::from(invalid).into_response())
     }
 }
 
