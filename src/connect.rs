@@ -199,10 +199,7 @@ impl Connector {
         const CONTEXT: &str = "send a cancel request";
         match tokio::time::timeout(self.timeout, (self.cancel)(token)).await {
             Ok(result) => result.map_err(Error::db(CONTEXT)),
-            Err(_) => Err(Error::ConnectTimeout {
-                context: CONTEXT.to_owned(),
-                timeout: self.timeout,
-            }),
+            Err(_) => Err(Error::connect_timeout(CONTEXT.to_owned(), self.timeout)),
         }
     }
 }
@@ -284,10 +281,7 @@ fn explain(purpose: &str, mut failures: Vec<Failure>, bound: Duration) -> Error 
             context: context.into(),
             source,
         },
-        Some(Failure::TimedOut(_)) => Error::ConnectTimeout {
-            context,
-            timeout: bound,
-        },
+        Some(Failure::TimedOut(_)) => Error::connect_timeout(context, bound),
         None => Error::InvalidOption {
             option: "config",
             reason: "no host: set a host in the URL or config".to_owned(),

@@ -60,6 +60,9 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
             }),
         (NOT_REGISTERED, _) => Some(Error::ReplicaDown {
             replica_id: scope.replica.to_owned(),
+            reason: "the database no longer counts its incarnation as registered and alive"
+                .to_owned(),
+            stalled: None,
         }),
         (NO_TENANT, Some(tenant)) => Some(Error::TenantNotFound {
             tenant,

@@ -114,10 +114,7 @@ async fn bounded(shared: &Arc<Shared>, id: &TenantId, create: bool) -> Result<Ar
     let outcome = match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(result)) => result,
         // The task ended without answering (it panicked), or the bound passed.
-        Ok(Err(_)) | Err(_) => Err(Error::OpenTimeout {
-            tenant: id.clone(),
-            timeout,
-        }),
+        Ok(Err(_)) | Err(_) => Err(Error::open_timeout(id.clone(), timeout)),
     };
     crate::metrics::open_finished(started.elapsed(), outcome.is_ok());
     outcome
@@ -151,10 +148,7 @@ pub(crate) async fn wait_for(
         };
         let now = Instant::now();
         if deadline.is_some_and(|deadline| now >= deadline) {
-            return Err(Error::OpenTimeout {
-                tenant: id.clone(),
-                timeout,
-            });
+            return Err(Error::open_timeout(id.clone(), timeout));
         }
         let wake = now + pause.min(LONGEST_PAUSE);
         let wake = deadline.map_or(wake, |deadline| wake.min(deadline));
