@@ -30,15 +30,16 @@
 -- Tenant ids.
 -- ---------------------------------------------------------------------------------------
 -- ADD CONSTRAINT takes the table's ACCESS EXCLUSIVE lock until the setup commits (fences wait
--- meanwhile); validating scans the table under it, a regular expression per row: 35 ms at
--- 100 000 tenants on 2 cores.
+-- meanwhile), and validating scans the table under it: 160 ms at 100 000 tenants on 2 cores.
+-- The length is checked apart from the pattern: PostgreSQL's regular expressions unroll a
+-- bounded repetition, and the same scan with `{0,127}` took 1.3-2.1 s (the old `{0,29}` 0.5 s).
 ALTER TABLE pgtenant.tenants
     DROP CONSTRAINT tenants_organization_check,
     DROP CONSTRAINT tenants_ledger_check,
     ADD CONSTRAINT tenants_organization_check
-        CHECK (organization ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
+        CHECK (organization ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$' AND octet_length(organization) <= 128),
     ADD CONSTRAINT tenants_ledger_check
-        CHECK (ledger ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$');
+        CHECK (ledger ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$' AND octet_length(ledger) <= 128);
 
 -- ---------------------------------------------------------------------------------------
 -- lease_rows and lease_status: the states, owner_incarnation.
