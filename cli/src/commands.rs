@@ -422,7 +422,7 @@ fn migrations_line(fleet: &pgtenant::admin::FleetStatus) -> String {
     if fleet.versions.len() == 1 {
         return match newest {
             0 => format!(
-                "no tenant migration has run: all {} live tenant(s) at version 0",
+                "no tenant migration has run (all {} live tenant(s) at version 0)",
                 fleet.live
             ),
             newest => format!("all {} live tenant(s) at version {newest}", fleet.live),
@@ -434,7 +434,7 @@ fn migrations_line(fleet: &pgtenant::admin::FleetStatus) -> String {
     let mut shown: Vec<String> = versions
         .iter()
         .take(5)
-        .map(|(version, count)| format!("{count} at version {version}"))
+        .map(|(version, count)| format!("{count} at {version}"))
         .collect();
     if versions.len() > 5 {
         shown.push(format!("{} more versions", versions.len() - 5));
@@ -442,12 +442,13 @@ fn migrations_line(fleet: &pgtenant::admin::FleetStatus) -> String {
     let shown = shown.join(", ");
     if fleet.behind == 0 {
         return format!(
-            "every live tenant that is not quarantined is at the newest version, {newest} ({shown})"
+            "every live tenant that is not quarantined is at the newest version, {newest}; live \
+             tenants by version: {shown}"
         );
     }
     format!(
-        "{} live tenant(s) below the newest version, {newest}, and not quarantined: each is \
-         migrated at its next open, or by `pgtenant migrate` ({shown})",
+        "{} live tenant(s) behind the newest version, {newest} (not counting quarantined ones): \
+         migrated at their next open, or by `pgtenant migrate`; live tenants by version: {shown}",
         fleet.behind
     )
 }
