@@ -277,10 +277,9 @@ fn explain(purpose: &str, mut failures: Vec<Failure>, bound: Duration) -> Error 
         None => failures.pop(),
     };
     match chosen {
-        Some(Failure::Failed(_, source) | Failure::Standby(_, source)) => Error::Database {
-            context: context.into(),
-            source,
-        },
+        Some(Failure::Failed(_, source) | Failure::Standby(_, source)) => {
+            Error::database(context.into(), source)
+        }
         Some(Failure::TimedOut(_)) => Error::connect_timeout(context, bound),
         None => Error::InvalidOption {
             option: "config",

@@ -30,7 +30,11 @@ pub enum Error {
     },
 
     /// A database call failed. Display carries the server's SQLSTATE and message.
-    #[error("{context}: {}", DbCause(source))]
+    #[error(
+        "{context}: {}{}",
+        DbCause(source),
+        stalled.map(|s| format!(" ({} just before: the database need not be at fault)", crate::stall::Stalled(s))).unwrap_or_default()
+    )]
     #[non_exhaustive]
     Database {
         /// What pgtenant was doing.
@@ -38,6 +42,10 @@ pub enum Error {
         /// The driver's error.
         #[source]
         source: tokio_postgres::Error,
+        /// For a lost or unreachable connection: how long this process itself did not run just
+        /// before, when it was not running (meanwhile the database may have closed the
+        /// connection, or another replica taken the tenant over and ended its backend).
+        stalled: Option<std::time::Duration>,
     },
 
     /// Opening a connection did not finish within
@@ -507,6 +515,7 @@ impl Error {
     pub fn stalled(&self) -> Option<std::time::Duration> {
         match self {
             Error::ConnectTimeout { stalled, .. }
+            | Error::Database { stalled, .. }
             | Error::Pool { stalled, .. }
             | Error::ExpiredLocally { stalled, .. }
             | Error::ReplicaDown { stalled, .. }
@@ -596,9 +605,21 @@ impl Error {
     /// Wraps a driver error with what pgtenant was doing (a fixed text: nothing is allocated
     /// unless the error happens).
     pub(crate) fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> Error {
-        move |source| Error::Database {
-            context: Cow::Borrowed(context),
+        move |source| Error::database(Cow::Borrowed(context), source)
+    }
+
+    /// [`Error::Database`], saying so when the connection was lost or unreachable just after
+    /// this process did not run for a while.
+    pub(crate) fn database(context: Cow<'static, str>, source: tokio_postgres::Error) -> Error {
+        let stalled = if is_unavailable(&source) {
+            crate::stall::recent().map(|stalled| stalled.0)
+        } else {
+            None
+        };
+        Error::Database {
+            context,
             source,
+            stalled,
         }
     }
 
@@ -606,10 +627,7 @@ impl Error {
     pub(crate) fn db_with(
         context: impl FnOnce() -> String,
     ) -> impl FnOnce(tokio_postgres::Error) -> Error {
-        move |source| Error::Database {
-            context: Cow::Owned(context()),
-            source,
-        }
+        move |source| Error::database(Cow::Owned(context()), source)
     }
 
     /// What kind of failure this is, for callers that act on categories rather than variants.
@@ -655,10 +673,7 @@ impl Error {
 impl From<tokio_postgres::Error> for Error {
     /// Lets `?` carry a driver error out of work run through a tenant handle.
     fn from(source: tokio_postgres::Error) -> Self {
-        Error::Database {
-            context: Cow::Borrowed("tenant work"),
-            source,
-        }
+        Error::database(Cow::Borrowed("tenant work"), source)
     }
 }
 

@@ -104,6 +104,47 @@ fn bounds_that_pass_while_the_process_does_not_run_say_so() {
                 Err(error) => panic!("did not serve again within the bound (G9): {error}"),
             }
         }
+
+        // A connection the database ends while the process is stopped (here a terminated
+        // backend; in life, an idle timeout, or another replica's takeover sealing this one):
+        // the error, read when the process runs again, says that it did not run.
+        let handle = router.open(&id).await.expect("serving again");
+        let mut connection = handle.connect().await.expect("connect");
+        let tx = connection.begin().await.expect("begin");
+        let pid: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("pid")
+            .get(0);
+        let terminator = std::thread::spawn({
+            let url = url.clone();
+            move || {
+                let runtime = tokio::runtime::Runtime::new().expect("runtime");
+                runtime.block_on(async move {
+                    let config: tokio_postgres::Config = url.parse().expect("url");
+                    let (client, driver) = config
+                        .connect(tokio_postgres::NoTls)
+                        .await
+                        .expect("connect");
+                    tokio::spawn(driver);
+                    client
+                        .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
+                        .await
+                        .expect("terminate");
+                })
+            }
+        });
+        stop_the_process(Duration::from_millis(2500));
+        terminator.join().expect("terminated meanwhile");
+        let error = tx
+            .execute("SELECT 1", &[])
+            .await
+            .expect_err("its backend is gone");
+        assert!(matches!(error, Error::Database { .. }), "{error}");
+        assert!(error.stalled().is_some(), "{error}");
+        assert!(error.to_string().contains("did not run"), "{error}");
+        drop(tx);
+        drop(connection);
         router.close().await;
     });
 }

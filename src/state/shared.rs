@@ -125,7 +125,13 @@ impl Shared {
         let (reason, stalled) = lock(&self.down_reason).clone().unwrap_or_else(|| {
             let reason =
                 fallback.unwrap_or("it is registering a new incarnation with the database");
-            (reason.to_owned(), None)
+            match crate::stall::recent() {
+                Some(stalled) => (
+                    format!("{stalled}, and meanwhile {reason}"),
+                    Some(stalled.0),
+                ),
+                None => (reason.to_owned(), None),
+            }
         });
         Error::ReplicaDown {
             replica_id: self.options.replica_id.clone(),

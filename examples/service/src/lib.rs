@@ -344,8 +344,8 @@ fn for_the_client(error: &Error) -> String {
     let retry = "retry in a second";
     match error {
         Error::LeaseHeld { tenant, owner, .. } => format!(
-            "tenant {tenant} is served by replica {owner}: send the request there (or ask this \
-             replica to hand it over)"
+            "tenant {tenant} is served by replica {owner}: send the request there (or have it \
+             hand the tenant over: POST /tenants/{tenant}/handoff to replica {owner})"
         ),
         Error::TenantNotFound { tenant, reason, .. } => format!(
             "tenant {tenant} does not exist ({reason}): create it with POST /tenants/{tenant}"
