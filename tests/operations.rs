@@ -723,12 +723,15 @@ async fn the_granted_roles_read_the_new_views() {
 
 /// V13 makes `fleet_status` (and its function) again, since its columns are the states: the
 /// privileges it had come with it, exactly, PUBLIC's too. Before the upgrade, this release's
-/// operator API reads the V10 control plane (`expired` read as `owner_gone`).
+/// operator API reads the older control plane (`expired` read as `owner_gone`).
 #[tokio::test]
 async fn the_upgrade_to_v13_keeps_who_may_read_fleet_status() {
     let db = TestDatabase::create().await.expect("test database");
     let mut admin = db.connect().await.expect("connect");
-    support::control_plane_at(&mut admin, 10).await;
+    // Every migration before V13, the last one.
+    let before_13 = support::CONTROL_PLANE.len() - 1;
+    assert_eq!(support::CONTROL_PLANE[before_13].0, "V13__first_day");
+    support::control_plane_at(&mut admin, before_13).await;
     let app = db.create_role("app").await.expect("app role");
     let operator = db.create_role("op").await.expect("operator role");
     let outsider = db
@@ -741,8 +744,8 @@ async fn the_upgrade_to_v13_keeps_who_may_read_fleet_status() {
             &[&app.name(), &operator.name()],
         )
         .await
-        .expect("V10 grants");
-    // A tenant whose owner is gone, as V10 calls it `expired`.
+        .expect("the grants before V13");
+    // A tenant whose owner is gone, as control planes before 13 call it `expired`.
     let session = db.connect().await.expect("a lease session");
     let (incarnation, secret) = support::register_by_hand(&session, "old-r").await;
     session
@@ -764,7 +767,7 @@ async fn the_upgrade_to_v13_keeps_who_may_read_fleet_status() {
     let old = loop {
         let fleet = pgtenant::admin::fleet_status(&admin, Duration::ZERO)
             .await
-            .expect("fleet of a V10 control plane");
+            .expect("fleet of a control plane before 13");
         if fleet.count(TenantState::OwnerGone) == 1 || std::time::Instant::now() > deadline {
             break fleet;
         }
@@ -774,7 +777,7 @@ async fn the_upgrade_to_v13_keeps_who_may_read_fleet_status() {
     assert_eq!(old.count(TenantState::OwnerGone), 1, "{old:?}");
     let listed = pgtenant::admin::list_tenants(&admin, &TenantQuery::default())
         .await
-        .expect("list on V10");
+        .expect("list before 13");
     assert_eq!(listed[0].state, TenantState::OwnerGone);
     assert_eq!(listed[0].owner_incarnation, Some(incarnation));
 
