@@ -17,6 +17,7 @@
 --   V10__scale
 --   V11__untracked_work
 --   V12__tenant_boundary
+--   V13__first_day
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -143,9 +144,9 @@ CREATE TABLE pgtenant.tenants (
     CONSTRAINT tenants_check2 CHECK (((owner IS NULL) = (owner_incarnation IS NULL))),
     CONSTRAINT tenants_check3 CHECK (((quarantine_cause IS NULL) = (quarantined_at IS NULL))),
     CONSTRAINT tenants_epoch_check CHECK ((epoch >= 0)),
-    CONSTRAINT tenants_ledger_check CHECK ((ledger ~ '^[a-z0-9][a-z0-9-]{0,29}$'::text)),
+    CONSTRAINT tenants_ledger_check CHECK (((ledger ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$'::text) AND (octet_length(ledger) <= 128))),
     CONSTRAINT tenants_lock_key_key UNIQUE (lock_key),
-    CONSTRAINT tenants_organization_check CHECK ((organization ~ '^[a-z0-9][a-z0-9-]{0,29}$'::text)),
+    CONSTRAINT tenants_organization_check CHECK (((organization ~ '^[A-Za-z0-9][A-Za-z0-9._-]*$'::text) AND (octet_length(organization) <= 128))),
     CONSTRAINT tenants_owner_fkey FOREIGN KEY (owner) REFERENCES pgtenant.replicas(replica_id),
     CONSTRAINT tenants_pkey PRIMARY KEY (key),
     CONSTRAINT tenants_schema_name_check CHECK ((schema_name ~ '^t_[a-z0-9_]{1,55}$'::text)),
@@ -179,7 +180,8 @@ CREATE VIEW pgtenant.fleet_status AS
     fleet_status_rows.live,
     fleet_status_rows.held,
     fleet_status_rows.stalled,
-    fleet_status_rows.expired,
+    fleet_status_rows.owner_gone,
+    fleet_status_rows.owner_reregistered,
     fleet_status_rows.free,
     fleet_status_rows.reserved,
     fleet_status_rows.quarantined,
@@ -192,7 +194,7 @@ CREATE VIEW pgtenant.fleet_status AS
     fleet_status_rows.oldest_trashed_at,
     fleet_status_rows.replicas,
     fleet_status_rows.replicas_alive
-   FROM pgtenant.fleet_status_rows(7 * 24 * 3600 * 1000::bigint) fleet_status_rows(tenants, live, held, stalled, expired, free, reserved, quarantined, forgotten, newest_version, behind, versions, trashed, trash_due, oldest_trashed_at, replicas, replicas_alive);
+   FROM pgtenant.fleet_status_rows(7 * 24 * 3600 * 1000::bigint) fleet_status_rows(tenants, live, held, stalled, owner_gone, owner_reregistered, free, reserved, quarantined, forgotten, newest_version, behind, versions, trashed, trash_due, oldest_trashed_at, replicas, replicas_alive);
 COMMENT ON VIEW pgtenant.fleet_status IS 'The fleet in one row: tenants per state (as lease_status), migrations (newest version, live tenants behind it, tenants per version), quarantined, the unswept trash and how much of it a sweep with the default 7-day retention drops; fleet_status_rows(retention_ms) for another retention.';
 
 CREATE VIEW pgtenant.lease_rows AS
@@ -202,9 +204,10 @@ CREATE VIEW pgtenant.lease_rows AS
             WHEN t.quarantine_cause IS NOT NULL THEN 'quarantined'::text
             WHEN t.owner IS NULL AND t.reserved_until > now() THEN 'reserved'::text
             WHEN t.owner IS NULL THEN 'free'::text
-            WHEN l.alive AND l.incarnation = t.owner_incarnation THEN 'held'::text
-            WHEN l.lock_held AND l.incarnation = t.owner_incarnation THEN 'stalled'::text
-            ELSE 'expired'::text
+            WHEN l.incarnation IS DISTINCT FROM t.owner_incarnation THEN 'owner_reregistered'::text
+            WHEN l.alive THEN 'held'::text
+            WHEN l.lock_held THEN 'stalled'::text
+            ELSE 'owner_gone'::text
         END AS state,
     t.owner,
     t.epoch,
@@ -213,7 +216,7 @@ CREATE VIEW pgtenant.lease_rows AS
             ELSE NULL::boolean
         END AS owner_alive,
         CASE
-            WHEN t.owner IS NOT NULL AND l.incarnation = t.owner_incarnation THEN GREATEST('00:00:00'::interval, date_trunc('milliseconds'::text, l.expires_at - now()))
+            WHEN t.owner IS NOT NULL AND l.incarnation = t.owner_incarnation AND l.lock_held THEN GREATEST('00:00:00'::interval, date_trunc('milliseconds'::text, l.expires_at - now()))
             ELSE NULL::interval
         END AS expires_in,
     t.schema_name AS schema,
@@ -224,7 +227,8 @@ CREATE VIEW pgtenant.lease_rows AS
     t.acquired_at,
     t.created_at,
     t.forgotten_at_epoch,
-    t.quarantined_at
+    t.quarantined_at,
+    t.owner_incarnation
    FROM pgtenant.tenants t
      LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner;
 COMMENT ON VIEW pgtenant.lease_rows IS 'One row per tenant, unordered: lease_status without its ORDER BY, for queries that filter, count or page (WHERE, GROUP BY, ORDER BY tenant LIMIT n); lease_status sorts every tenant first.';
@@ -242,9 +246,11 @@ CREATE VIEW pgtenant.lease_status AS
     lease_rows.quarantine_repair,
     lease_rows.reserved_for,
     lease_rows.acquired_at,
-    lease_rows.created_at
+    lease_rows.created_at,
+    lease_rows.owner_incarnation
    FROM pgtenant.lease_rows
   ORDER BY lease_rows.tenant;
+COMMENT ON VIEW pgtenant.lease_status IS 'One row per tenant. state: held (its owner incarnation is alive), stalled (the owner holds its liveness lock but its heartbeat expired: a paused or starved process; taken over by the next open), owner_gone (the owner''s lease session is gone: taken over at once), owner_reregistered (held by an earlier incarnation of a replica id that has registered again since: taken over at once), free, reserved, quarantined, forgotten. owner_alive: the incarnation holding the lease is alive. expires_in: for held and stalled tenants.';
 
 CREATE VIEW pgtenant.replica_liveness AS
  WITH held AS (
@@ -807,8 +813,8 @@ CREATE OR REPLACE FUNCTION pgtenant.derived_schema_name(p_key text, p_epoch bigi
  IMMUTABLE STRICT
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-SELECT 't_' || replace(left(k.org, w.org_len), '-', '_') || p_separator
-       || replace(left(k.ledger, least(length(k.ledger), r.readable - w.org_len)), '-', '_')
+SELECT 't_' || lower(translate(left(k.org, w.org_len), '-.', '__')) || p_separator
+       || lower(translate(left(k.ledger, least(length(k.ledger), r.readable - w.org_len)), '-.', '__'))
        || '_' || k.epoch || '_'
        || left(pgtenant.fnv1a64(convert_to(p_key, 'UTF8') || '\x00'::bytea || convert_to(k.epoch, 'UTF8')
                                 || CASE WHEN p_salt > 0 THEN '\x00'::bytea || convert_to(p_salt::text, 'UTF8')
@@ -818,7 +824,8 @@ SELECT 't_' || replace(left(k.org, w.org_len), '-', '_') || p_separator
        LATERAL (SELECT greatest(57 - (2 + length(p_separator) + 2 + length(k.epoch) + 10), 0) AS readable) r,
        LATERAL (SELECT least(length(k.org),
                              greatest(greatest(r.readable - length(k.ledger), 0), r.readable / 2)) AS org_len) w
- WHERE p_key ~ '^[a-z0-9][a-z0-9-]{0,29}/[a-z0-9][a-z0-9-]{0,29}$' AND p_epoch >= 0
+ WHERE p_key ~ '^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$'
+   AND octet_length(k.org) <= 128 AND octet_length(k.ledger) <= 128 AND p_epoch >= 0
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.derived_schema_name(text, bigint, integer, text) FROM PUBLIC;
 
@@ -1104,7 +1111,7 @@ BEGIN
 END $function$;
 
 CREATE OR REPLACE FUNCTION pgtenant.fleet_status_rows(p_retention_ms bigint)
- RETURNS TABLE(tenants bigint, live bigint, held bigint, stalled bigint, expired bigint, free bigint, reserved bigint, quarantined bigint, forgotten bigint, newest_version integer, behind bigint, versions jsonb, trashed bigint, trash_due bigint, oldest_trashed_at timestamp with time zone, replicas bigint, replicas_alive bigint)
+ RETURNS TABLE(tenants bigint, live bigint, held bigint, stalled bigint, owner_gone bigint, owner_reregistered bigint, free bigint, reserved bigint, quarantined bigint, forgotten bigint, newest_version integer, behind bigint, versions jsonb, trashed bigint, trash_due bigint, oldest_trashed_at timestamp with time zone, replicas bigint, replicas_alive bigint)
  LANGUAGE sql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
@@ -1113,9 +1120,10 @@ AS $function$
 SELECT x.*
   FROM pgtenant.status_report(p_retention_ms) s,
        jsonb_to_record(s.fleet) AS x(tenants bigint, live bigint, held bigint, stalled bigint,
-                                     expired bigint, free bigint, reserved bigint,
-                                     quarantined bigint, forgotten bigint, newest_version integer,
-                                     behind bigint, versions jsonb, trashed bigint, trash_due bigint,
+                                     owner_gone bigint, owner_reregistered bigint, free bigint,
+                                     reserved bigint, quarantined bigint, forgotten bigint,
+                                     newest_version integer, behind bigint, versions jsonb,
+                                     trashed bigint, trash_due bigint,
                                      oldest_trashed_at timestamptz, replicas bigint,
                                      replicas_alive bigint)
 $function$;
@@ -1980,9 +1988,10 @@ WITH groups AS MATERIALIZED (
 ), per_state AS MATERIALIZED (
     SELECT coalesce(g.settled,
                     CASE
-                        WHEN l.alive AND l.incarnation = g.owner_incarnation THEN 'held'
-                        WHEN l.lock_held AND l.incarnation = g.owner_incarnation THEN 'stalled'
-                        ELSE 'expired'
+                        WHEN l.incarnation IS DISTINCT FROM g.owner_incarnation THEN 'owner_reregistered'
+                        WHEN l.alive THEN 'held'
+                        WHEN l.lock_held THEN 'stalled'
+                        ELSE 'owner_gone'
                     END) AS state,
            g.version, g.live, g.n
       FROM groups g
@@ -2020,8 +2029,8 @@ WITH groups AS MATERIALIZED (
            CASE WHEN r.released_at IS NOT NULL THEN 'released'
                 WHEN s.sealed_at IS NOT NULL THEN 'sealed'
                 WHEN l.alive THEN 'alive'
-                WHEN NOT l.lock_held THEN 'lease session gone'
-                ELSE 'expired' END AS state
+                WHEN l.lock_held THEN 'stalled'
+                ELSE 'gone' END AS state
       FROM pgtenant.replicas r
       JOIN liveness l USING (replica_id)
       LEFT JOIN held h ON h.owner = r.replica_id AND h.owner_incarnation = r.incarnation
@@ -2033,7 +2042,10 @@ SELECT (SELECT jsonb_build_object(
             'live', coalesce(sum(p.n) FILTER (WHERE p.live), 0),
             'held', coalesce(sum(p.n) FILTER (WHERE p.state = 'held'), 0),
             'stalled', coalesce(sum(p.n) FILTER (WHERE p.state = 'stalled'), 0),
-            'expired', coalesce(sum(p.n) FILTER (WHERE p.state = 'expired'), 0),
+            'owner_gone', coalesce(sum(p.n) FILTER (WHERE p.state = 'owner_gone'), 0),
+            'owner_reregistered', coalesce(sum(p.n) FILTER (WHERE p.state = 'owner_reregistered'), 0),
+            -- For operator tools of V10-V12, which read this key: both of the above.
+            'expired', coalesce(sum(p.n) FILTER (WHERE p.state IN ('owner_gone', 'owner_reregistered')), 0),
             'free', coalesce(sum(p.n) FILTER (WHERE p.state = 'free'), 0),
             'reserved', coalesce(sum(p.n) FILTER (WHERE p.state = 'reserved'), 0),
             'quarantined', coalesce(sum(p.n) FILTER (WHERE p.state = 'quarantined'), 0),

@@ -199,10 +199,7 @@ impl Connector {
         const CONTEXT: &str = "send a cancel request";
         match tokio::time::timeout(self.timeout, (self.cancel)(token)).await {
             Ok(result) => result.map_err(Error::db(CONTEXT)),
-            Err(_) => Err(Error::ConnectTimeout {
-                context: CONTEXT.to_owned(),
-                timeout: self.timeout,
-            }),
+            Err(_) => Err(Error::connect_timeout(CONTEXT.to_owned(), self.timeout)),
         }
     }
 }
@@ -280,14 +277,10 @@ fn explain(purpose: &str, mut failures: Vec<Failure>, bound: Duration) -> Error 
         None => failures.pop(),
     };
     match chosen {
-        Some(Failure::Failed(_, source) | Failure::Standby(_, source)) => Error::Database {
-            context: context.into(),
-            source,
-        },
-        Some(Failure::TimedOut(_)) => Error::ConnectTimeout {
-            context,
-            timeout: bound,
-        },
+        Some(Failure::Failed(_, source) | Failure::Standby(_, source)) => {
+            Error::database(context.into(), source)
+        }
+        Some(Failure::TimedOut(_)) => Error::connect_timeout(context, bound),
         None => Error::InvalidOption {
             option: "config",
             reason: "no host: set a host in the URL or config".to_owned(),

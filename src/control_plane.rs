@@ -264,10 +264,10 @@ pub async fn setup_url(url: &str) -> Result<SetupReport> {
     let (mut client, connection) = match connected {
         Ok(connected) => connected.map_err(Error::db("connect for control-plane setup"))?,
         Err(_) => {
-            return Err(Error::ConnectTimeout {
-                context: "connect for control-plane setup".to_owned(),
-                timeout: bound,
-            })
+            return Err(Error::connect_timeout(
+                "connect for control-plane setup".to_owned(),
+                bound,
+            ))
         }
     };
     let driver = tokio::spawn(connection);

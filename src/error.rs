@@ -15,7 +15,7 @@ use crate::lease::Epoch;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A tenant id broke the fixed format; nothing was sent to the database.
+    /// A tenant id broke the rules of [`TenantId::new`]; nothing was sent to the database.
     #[error(transparent)]
     InvalidTenantId(#[from] InvalidTenantId),
 
@@ -30,7 +30,11 @@ pub enum Error {
     },
 
     /// A database call failed. Display carries the server's SQLSTATE and message.
-    #[error("{context}: {}", DbCause(source))]
+    #[error(
+        "{context}: {}{}",
+        DbCause(source),
+        stalled.map(|s| format!(" ({} just before: the database need not be at fault)", crate::stall::Stalled(s))).unwrap_or_default()
+    )]
     #[non_exhaustive]
     Database {
         /// What pgtenant was doing.
@@ -38,23 +42,27 @@ pub enum Error {
         /// The driver's error.
         #[source]
         source: tokio_postgres::Error,
+        /// For a lost or unreachable connection: how long this process itself did not run just
+        /// before, when it was not running (meanwhile the database may have closed the
+        /// connection, or another replica taken the tenant over and ended its backend).
+        stalled: Option<std::time::Duration>,
     },
 
     /// Opening a connection did not finish within
     /// [`RouterOptions::connect_timeout`](crate::RouterOptions::connect_timeout): the TCP
     /// connect, TLS, startup and authentication (and, for the lease session, the replica's
     /// registration) together. Retryable.
-    #[error(
-        "{context}: no answer within {timeout:?}: the server did not finish connecting (TCP, TLS, startup, \
-         authentication) in time; check that host and port point at a PostgreSQL server that is up, \
-         or raise RouterOptions::connect_timeout; retry later"
-    )]
+    #[error("{}", connect_timeout_message(context, *timeout, *stalled))]
     #[non_exhaustive]
     ConnectTimeout {
         /// What pgtenant was connecting for, and where.
         context: String,
         /// The bound that was reached.
         timeout: std::time::Duration,
+        /// How long this process itself did not run just before (stopped, suspended, starved
+        /// of CPU), when it was not running: then the bound passed while nothing waited, and the
+        /// server need not be at fault.
+        stalled: Option<std::time::Duration>,
     },
 
     /// No connection could be had from the pool in time, or the pool is closed.
@@ -63,8 +71,11 @@ pub enum Error {
     Pool {
         /// What pgtenant was doing.
         context: String,
-        /// The pool's own words.
+        /// What happened, in the pool's words or pgtenant's.
         reason: String,
+        /// How long this process itself did not run just before, when it was not running: then
+        /// the pool's bound passed while nothing waited, and the database need not be at fault.
+        stalled: Option<std::time::Duration>,
     },
 
     /// The database's control plane was written by a newer pgtenant than this one.
@@ -202,31 +213,44 @@ pub enum Error {
     },
 
     /// The replica's heartbeat has not succeeded within ttl − margin: the handle refuses work
-    /// until a heartbeat succeeds again. Retryable.
-    #[error("lease on tenant {tenant} at epoch {epoch} expired locally: heartbeats are failing; retry shortly")]
+    /// until a heartbeat succeeds again (or the replica registers again). Retryable.
+    #[error("{}", expired_locally_message(tenant, *epoch, *stalled))]
     #[non_exhaustive]
     ExpiredLocally {
         /// The tenant.
         tenant: TenantId,
         /// The handle's epoch.
         epoch: Epoch,
+        /// How long this process itself did not run just before, when that is why the deadline
+        /// passed (rather than heartbeats failing).
+        stalled: Option<std::time::Duration>,
     },
 
-    /// The replica is not registered right now (its lease session dropped and it is
-    /// registering again). [`Router::summary`](crate::Router::summary) and
-    /// [`Event::RegistrationFailed`](crate::Event::RegistrationFailed) say why it has not yet.
+    /// The replica is between incarnations: its last one ended (`reason` says how) and it is
+    /// registering a new one by itself. Retryable. [`Router::summary`](crate::Router::summary)
+    /// and [`Event::RegistrationFailed`](crate::Event::RegistrationFailed) say why a
+    /// registration failed, if one did.
     #[error(
-        "replica {replica_id} is not registered right now: its lease session dropped and it is registering \
-         again (Router::summary and Event::RegistrationFailed say why it has not yet); retry shortly"
+        "replica {replica_id} is not serving for a moment: {reason}; it registers again by \
+         itself, so retry shortly"
     )]
     #[non_exhaustive]
     ReplicaDown {
         /// The replica id.
         replica_id: String,
+        /// How its last incarnation ended, as far as this process knows.
+        reason: String,
+        /// How long this process itself did not run before the incarnation ended, when that
+        /// is why it ended (its lease expired meanwhile).
+        stalled: Option<std::time::Duration>,
     },
 
-    /// The router was closed.
-    #[error("the router is closed")]
+    /// The router was closed ([`Router::close`](crate::Router::close)), or its last clone was
+    /// dropped: it serves nothing more, and never registers again.
+    #[error(
+        "this replica's router was closed or dropped: it serves nothing more; open the tenant \
+         through a router that runs"
+    )]
     RouterClosed,
 
     /// The replica already serves as many tenants as `max_open_tenants` allows (counting those
@@ -344,16 +368,19 @@ pub enum Error {
         message: String,
     },
 
-    /// The server did not answer one of pgtenant's statements in time; the connection was
-    /// closed. Retryable. Whether a `COMMIT` that timed out took effect is unknown: the
-    /// transaction may have committed.
-    #[error("{context}: the server did not answer within {timeout:?}; the connection was closed (retry; a commit that timed out may have taken effect)")]
+    /// The server did not answer one of pgtenant's statements in time (or this process did not
+    /// run long enough to hear it: `stalled`); the connection was closed. Retryable. Whether a
+    /// `COMMIT` that timed out took effect is unknown: the transaction may have committed.
+    #[error("{}", stuck_message(context, *timeout, *stalled))]
     #[non_exhaustive]
     ConnectionStuck {
         /// What pgtenant was doing.
         context: &'static str,
         /// The bound.
         timeout: std::time::Duration,
+        /// How long this process itself did not run just before, when it was not running: then
+        /// the bound passed while nothing waited, and the server need not be at fault.
+        stalled: Option<std::time::Duration>,
     },
 
     /// The database answered in a way this pgtenant does not expect: the control plane may
@@ -417,14 +444,79 @@ pub enum Error {
 
     /// Opening (or waiting for) a tenant took longer than allowed; a lease acquired after this
     /// is released, never leaked. Retryable.
-    #[error("gave up opening tenant {tenant} after {timeout:?}; retry later")]
+    #[error(
+        "gave up opening tenant {tenant} after {timeout:?}{}; retry later",
+        stalled.map(|s| format!(", of which {}", crate::stall::Stalled(s))).unwrap_or_default()
+    )]
     #[non_exhaustive]
     OpenTimeout {
         /// The tenant.
         tenant: TenantId,
         /// The bound that was reached.
         timeout: std::time::Duration,
+        /// How long this process itself did not run just before, when it was not running.
+        stalled: Option<std::time::Duration>,
     },
+}
+
+/// [`Error::ConnectTimeout`]'s words: the server, or this process when it did not run.
+fn connect_timeout_message(
+    context: &str,
+    timeout: std::time::Duration,
+    stalled: Option<std::time::Duration>,
+) -> String {
+    match stalled {
+        Some(stalled) => format!(
+            "{context}: the connect was cut short after {timeout:?}, but {}: the bound passed \
+             while nothing waited, so the server may well be fine; retry",
+            crate::stall::Stalled(stalled)
+        ),
+        None => format!(
+            "{context}: no answer within {timeout:?}: the server did not finish connecting (TCP, \
+             TLS, startup, authentication) in time; check that host and port point at a \
+             PostgreSQL server that is up, or raise RouterOptions::connect_timeout; retry later"
+        ),
+    }
+}
+
+/// [`Error::ExpiredLocally`]'s words.
+fn expired_locally_message(
+    tenant: &TenantId,
+    epoch: Epoch,
+    stalled: Option<std::time::Duration>,
+) -> String {
+    match stalled {
+        Some(stalled) => format!(
+            "lease on tenant {tenant} at epoch {epoch} is on hold: {}, past the lease's local \
+             deadline; the replica renews it or registers again by itself, so retry shortly",
+            crate::stall::Stalled(stalled)
+        ),
+        None => format!(
+            "lease on tenant {tenant} at epoch {epoch} is on hold: no heartbeat has reached the \
+             database for most of the ttl, so this replica may already have lost it; the \
+             replica renews it or registers again by itself, so retry shortly"
+        ),
+    }
+}
+
+/// [`Error::ConnectionStuck`]'s words: the server, or this process when it did not run.
+fn stuck_message(
+    context: &str,
+    timeout: std::time::Duration,
+    stalled: Option<std::time::Duration>,
+) -> String {
+    match stalled {
+        Some(stalled) => format!(
+            "{context}: the wait for the server was cut short after {timeout:?}, but {}: the \
+             bound passed while nothing waited, so the server may well be fine; the connection \
+             was closed: retry (a commit cut short this way may have taken effect)",
+            crate::stall::Stalled(stalled)
+        ),
+        None => format!(
+            "{context}: the server did not answer within {timeout:?}; the connection was closed \
+             (retry; a commit that timed out may have taken effect)"
+        ),
+    }
 }
 
 impl Error {
@@ -447,6 +539,24 @@ impl Error {
         }
     }
 
+    /// How long this process itself did not run just before this error, when that is its
+    /// likely cause: a bound (`connect_timeout`, `stuck_timeout`, `open_timeout`, the lease's
+    /// local deadline) passed while the process was stopped (`SIGSTOP`, a suspended machine),
+    /// starved of CPU or its async runtime blocked, so nothing waited for the database, which
+    /// need not be at fault. The error's Display says so too. None for every other error.
+    pub fn stalled(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::ConnectTimeout { stalled, .. }
+            | Error::Database { stalled, .. }
+            | Error::Pool { stalled, .. }
+            | Error::ExpiredLocally { stalled, .. }
+            | Error::ReplicaDown { stalled, .. }
+            | Error::ConnectionStuck { stalled, .. }
+            | Error::OpenTimeout { stalled, .. } => *stalled,
+            _ => None,
+        }
+    }
+
     /// The SQLSTATE code of the database error behind this one, if any.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
@@ -455,8 +565,31 @@ impl Error {
         }
     }
 
+    /// [`Error::ConnectionStuck`], saying so when this process did not run just before.
     pub(crate) fn stuck(context: &'static str, timeout: std::time::Duration) -> Error {
-        Error::ConnectionStuck { context, timeout }
+        Error::ConnectionStuck {
+            context,
+            timeout,
+            stalled: crate::stall::recent().map(|stalled| stalled.0),
+        }
+    }
+
+    /// [`Error::ConnectTimeout`], saying so when this process did not run just before.
+    pub(crate) fn connect_timeout(context: String, timeout: std::time::Duration) -> Error {
+        Error::ConnectTimeout {
+            context,
+            timeout,
+            stalled: crate::stall::recent().map(|stalled| stalled.0),
+        }
+    }
+
+    /// [`Error::OpenTimeout`], saying so when this process did not run just before.
+    pub(crate) fn open_timeout(tenant: TenantId, timeout: std::time::Duration) -> Error {
+        Error::OpenTimeout {
+            tenant,
+            timeout,
+            stalled: crate::stall::recent().map(|stalled| stalled.0),
+        }
     }
 
     /// A copy of an error that keeps a replica from registering until someone acts (a control
@@ -504,9 +637,21 @@ impl Error {
     /// Wraps a driver error with what pgtenant was doing (a fixed text: nothing is allocated
     /// unless the error happens).
     pub(crate) fn db(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> Error {
-        move |source| Error::Database {
-            context: Cow::Borrowed(context),
+        move |source| Error::database(Cow::Borrowed(context), source)
+    }
+
+    /// [`Error::Database`], saying so when the connection was lost or unreachable just after
+    /// this process did not run for a while.
+    pub(crate) fn database(context: Cow<'static, str>, source: tokio_postgres::Error) -> Error {
+        let stalled = if is_unavailable(&source) {
+            crate::stall::recent().map(|stalled| stalled.0)
+        } else {
+            None
+        };
+        Error::Database {
+            context,
             source,
+            stalled,
         }
     }
 
@@ -514,10 +659,7 @@ impl Error {
     pub(crate) fn db_with(
         context: impl FnOnce() -> String,
     ) -> impl FnOnce(tokio_postgres::Error) -> Error {
-        move |source| Error::Database {
-            context: Cow::Owned(context()),
-            source,
-        }
+        move |source| Error::database(Cow::Owned(context()), source)
     }
 
     /// What kind of failure this is, for callers that act on categories rather than variants.
@@ -568,10 +710,7 @@ impl Error {
 impl From<tokio_postgres::Error> for Error {
     /// Lets `?` carry a driver error out of work run through a tenant handle.
     fn from(source: tokio_postgres::Error) -> Self {
-        Error::Database {
-            context: Cow::Borrowed("tenant work"),
-            source,
-        }
+        Error::database(Cow::Borrowed("tenant work"), source)
     }
 }
 
@@ -590,17 +729,36 @@ pub(crate) fn pool_error(
 ) -> impl FnOnce(deadpool_postgres::PoolError) -> Error {
     move |error| match error {
         deadpool_postgres::PoolError::Backend(source) => Error::db(context)(source),
-        deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Create) => {
+        deadpool_postgres::PoolError::Timeout(kind) => {
+            let stalled = crate::stall::recent();
+            let reason = match (stalled, kind) {
+                (Some(stalled), _) => format!(
+                    "the pool's wait was cut short, but {stalled}: RouterOptions::connect_timeout \
+                     passed while nothing waited, so the database may well be fine; retry"
+                ),
+                (None, deadpool_postgres::TimeoutType::Create) => {
+                    "the database did not finish a new connection (TCP, TLS, startup, \
+                     authentication) within RouterOptions::connect_timeout; retry later"
+                        .to_owned()
+                }
+                (None, deadpool_postgres::TimeoutType::Wait) => {
+                    "no pooled connection came free within the pool's wait timeout \
+                     (RouterOptions::connect_timeout for pgtenant's own pool): every one stayed \
+                     busy; retry later, or raise RouterOptions::pool_size"
+                        .to_owned()
+                }
+                (None, kind) => deadpool_postgres::PoolError::Timeout(kind).to_string(),
+            };
             Error::Pool {
                 context: context.to_owned(),
-                reason: "the database did not finish a new connection (TCP, TLS, startup, \
-                         authentication) within RouterOptions::connect_timeout"
-                    .to_owned(),
+                reason,
+                stalled: stalled.map(|stalled| stalled.0),
             }
         }
         other => Error::Pool {
             context: context.to_owned(),
             reason: other.to_string(),
+            stalled: None,
         },
     }
 }
@@ -746,6 +904,71 @@ impl fmt::Display for DbCause<'_> {
 
 /// Convenience alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A tenant id's constructors return [`Error`], so that an application's error type needs one
+/// conversion (`From<pgtenant::Error>`) for everything pgtenant returns. They are here, not in
+/// `id.rs`, which the errors build on.
+impl TenantId {
+    /// Validates both parts and builds the id. Nothing is sent anywhere: the rules are checked
+    /// here, before any database call.
+    ///
+    /// The rules, for each part (organization and ledger):
+    /// * 1 to [`MAX_ID_PART_LEN`](crate::MAX_ID_PART_LEN) (128) bytes;
+    /// * ASCII letters, digits, `.`, `_` and `-` only (`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`),
+    ///   so no `/` (the key is `organization/ledger`), no space, quote or non-ASCII letter;
+    /// * starting with a letter or digit (never `-`, which a command line reads as a flag).
+    ///
+    /// UUIDs (`3f2c1a9e-8b7d-4c6e-9f1a-2b3c4d5e6f70`), ULIDs (`01HZX3K8Q2M4N6P8R0T2V4W6Y8`),
+    /// KSUIDs, prefixed ids (`org_2NxX…`), slugs and domain names fit as they are.
+    ///
+    /// Ids are **case-sensitive**: `Acme/x` and `acme/x` are two tenants (their schemas get
+    /// different names). Ids that are case-insensitive by their own rules, as UUIDs and ULIDs
+    /// are, should reach pgtenant in one case (say, lowercase) from every path of the
+    /// application.
+    ///
+    /// The tenant's schema name is derived from the id ([`TenantId::schema_name`]): a
+    /// lowercase prefix of each part plus a hash, always within PostgreSQL's 63 bytes.
+    ///
+    /// ```
+    /// use pgtenant::TenantId;
+    ///
+    /// let id = TenantId::new("acme", "invoices")?;
+    /// assert_eq!(id.key(), "acme/invoices");
+    /// assert!(TenantId::new("acme", "in voices").is_err());
+    /// # Ok::<(), pgtenant::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidTenantId`], whose [`InvalidTenantId`] names the part and the rule it
+    /// broke ([`ErrorKind::InvalidInput`]).
+    pub fn new(organization: &str, ledger: &str) -> Result<TenantId> {
+        Ok(TenantId::validated(organization, ledger)?)
+    }
+
+    /// Parses a key of the form `organization/ledger` (exactly one `/`), each part by the
+    /// rules of [`TenantId::new`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidTenantId`] naming the part and the rule it broke.
+    pub fn parse(key: &str) -> Result<TenantId> {
+        Ok(TenantId::parsed(key)?)
+    }
+}
+
+impl std::str::FromStr for TenantId {
+    type Err = Error;
+    fn from_str(key: &str) -> Result<TenantId> {
+        TenantId::parse(key)
+    }
+}
+
+/// What serde deserializes a tenant id from: its key.
+impl TryFrom<String> for TenantId {
+    type Error = Error;
+    fn try_from(key: String) -> Result<TenantId> {
+        TenantId::parse(&key)
+    }
+}
 
 /// Parsing a state name (`held`, `free`, …), as the operator filters take it: the error is
 /// here, not in `lease.rs`, which the errors build on.

@@ -2,7 +2,8 @@
 //! "Forget"): the only way to a tenant's ledger, bound to one tenant and one epoch. A thin
 //! facade: the handle's state is `state/shared.rs` (`HandleInner`), and each public method
 //! delegates to its protocol's file: `protocol/fenced_transaction.rs`, `protocol/handoff.rs`
-//! (release, handoff), `protocol/abandon.rs`, `protocol/forget.rs`.
+//! (release, handoff), `protocol/abandon.rs`, `protocol/forget.rs`. `handle/statements.rs`
+//! gives the work's transactions statement methods that return pgtenant's [`Error`].
 
 use std::sync::Arc;
 
@@ -14,6 +15,8 @@ use crate::state::shared::HandleInner;
 use crate::sync::BoxFuture;
 
 pub use crate::state::shared::ActiveWork;
+
+mod statements;
 
 /// A tenant's lease as this replica holds it: bound to one tenant and one epoch. Cheap to
 /// clone; every clone is the same tenure.
@@ -88,8 +91,9 @@ impl TenantHandle {
     /// The fence statement is sent ahead of the work's first statement on the same connection
     /// (pipelined), so it costs no extra round trip. `search_path` is the tenant's schema (then
     /// `pg_temp`) for this transaction only. If the work fails or panics, the transaction rolls
-    /// back. `Ok` means committed. The work may borrow from the caller; `tx` derefs to the
-    /// driver's transaction.
+    /// back. `Ok` means committed. The work may borrow from the caller. `tx`'s statement methods
+    /// (`execute`, `query`, `query_one`, …) return [`Error`], so the work's error type needs only
+    /// `From<pgtenant::Error>`; it derefs to the driver's transaction for the rest.
     ///
     /// Cancel-safe: if this future is dropped (a client disconnected, a `timeout`, a
     /// `select!`) before it returns, the work may or may not have committed, exactly as if it

@@ -4,8 +4,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The longest organization or ledger part, in bytes.
-pub const MAX_ID_PART_LEN: usize = 30;
+/// The longest organization or ledger part, in bytes: room for a UUID (36), a ULID (26), a
+/// SHA-256 in hex (64) or a prefixed id such as `org_01HZX…`, with margin. The key
+/// (`organization/ledger`) is at most `2 × 128 + 1` bytes; schema names stay within
+/// PostgreSQL's 63 bytes whatever the length ([`TenantId::schema_name`]).
+pub const MAX_ID_PART_LEN: usize = 128;
 
 /// PostgreSQL's identifier limit (`NAMEDATALEN - 1`); longer names are silently truncated.
 const MAX_IDENTIFIER_LEN: usize = 63;
@@ -22,18 +25,23 @@ const HASH_HEX_DIGITS: usize = 10;
 /// How many names a tenant's life can be given (see `TenantId::schema_name_salted`).
 pub(crate) const SCHEMA_NAME_SALTS: u32 = 8;
 
-/// A tenant's identity: `organization/ledger`, each part matching `^[a-z0-9][a-z0-9-]{0,29}$`.
+/// A tenant's identity: `organization/ledger`. The rules are on [`TenantId::new`]: each part
+/// 1 to [`MAX_ID_PART_LEN`] (128) bytes of ASCII letters, digits, `.`, `_` and `-`, starting
+/// with a letter or digit, case-sensitive; UUIDs and ULIDs fit as they are.
 ///
 /// Construction validates both parts before anything else happens, so a `TenantId` that
-/// exists is always safe to use in SQL identifiers and keys.
+/// exists is always safe to use in keys, and its schema name ([`TenantId::schema_name`]) in
+/// SQL identifiers.
 ///
 /// ```
 /// use pgtenant::TenantId;
 ///
 /// let id = TenantId::new("acme", "invoices")?;
 /// assert_eq!(id.key(), "acme/invoices");
-/// assert!(TenantId::new("Acme", "invoices").is_err());
-/// # Ok::<(), pgtenant::InvalidTenantId>(())
+/// let id = TenantId::new("3f2c1a9e-8b7d-4c6e-9f1a-2b3c4d5e6f70", "01HZX3K8Q2M4N6P8R0T2V4W6Y8")?;
+/// assert_eq!(id.organization().len(), 36);
+/// assert!(TenantId::new("acme", "in voices").is_err());
+/// # Ok::<(), pgtenant::Error>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -76,12 +84,12 @@ pub enum IdRule {
         /// Its length in bytes.
         len: usize,
     },
-    /// The first character must be a lowercase ASCII letter or a digit.
+    /// The first character must be an ASCII letter or a digit.
     BadFirstChar {
         /// The offending character.
         found: char,
     },
-    /// Only lowercase ASCII letters, digits and `-` are allowed.
+    /// Only ASCII letters, digits, `.`, `_` and `-` are allowed.
     BadChar {
         /// The offending character.
         found: char,
@@ -105,7 +113,8 @@ pub struct InvalidTenantId {
 }
 
 const REPAIR: &str =
-    "use 1 to 30 lowercase ASCII letters, digits or '-', starting with a letter or digit (^[a-z0-9][a-z0-9-]{0,29}$)";
+    "use 1 to 128 ASCII letters, digits, '.', '_' or '-', starting with a letter or \
+     digit (^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$); a UUID or ULID fits as it is";
 
 fn describe_rule(rule: &IdRule) -> String {
     match rule {
@@ -114,7 +123,7 @@ fn describe_rule(rule: &IdRule) -> String {
             format!("it is {len} bytes long, the limit is {MAX_ID_PART_LEN}")
         }
         IdRule::BadFirstChar { found } => {
-            format!("it starts with {found:?}, which is not a lowercase letter or digit")
+            format!("it starts with {found:?}, which is not an ASCII letter or digit")
         }
         IdRule::BadChar { found, at } => format!("character {found:?} at byte {at} is not allowed"),
         IdRule::NotAKey => "a key is 'organization/ledger' with exactly one '/'".to_owned(),
@@ -123,7 +132,8 @@ fn describe_rule(rule: &IdRule) -> String {
 
 /// A printable, bounded rendering of untrusted input for error messages.
 fn shown(value: &str) -> String {
-    const SHOWN_CHARS: usize = 40;
+    // A whole part at its longest fits; 10 000 bytes of junk do not.
+    const SHOWN_CHARS: usize = MAX_ID_PART_LEN + 2;
     let mut out: String = value.chars().take(SHOWN_CHARS).collect();
     if value.chars().nth(SHOWN_CHARS).is_some() {
         out.push('…');
@@ -142,12 +152,12 @@ fn validate_part(part: IdPart, value: &str) -> Result<(), InvalidTenantId> {
     let Some(first) = value.chars().next() else {
         return fail(IdRule::Empty);
     };
-    if !(first.is_ascii_lowercase() || first.is_ascii_digit()) {
+    if !first.is_ascii_alphanumeric() {
         return fail(IdRule::BadFirstChar { found: first });
     }
     if let Some((at, found)) = value
         .char_indices()
-        .find(|(_, c)| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
     {
         return fail(IdRule::BadChar { found, at });
     }
@@ -158,11 +168,11 @@ fn validate_part(part: IdPart, value: &str) -> Result<(), InvalidTenantId> {
 }
 
 impl TenantId {
-    /// Validates both parts and builds the id.
-    ///
-    /// # Errors
-    /// [`InvalidTenantId`] naming the part and the rule it broke.
-    pub fn new(organization: &str, ledger: &str) -> Result<Self, InvalidTenantId> {
+    /// [`TenantId::new`] with the rule's own error: the checks, in this order (the first rule
+    /// broken is reported): not empty, an ASCII letter or digit first, then only ASCII
+    /// letters, digits, `.`, `_` and `-`, at most [`MAX_ID_PART_LEN`] bytes. `TenantId::new`
+    /// itself is in `error.rs`, which builds on this file.
+    pub(crate) fn validated(organization: &str, ledger: &str) -> Result<Self, InvalidTenantId> {
         validate_part(IdPart::Organization, organization)?;
         validate_part(IdPart::Ledger, ledger)?;
         Ok(TenantId {
@@ -171,14 +181,11 @@ impl TenantId {
         })
     }
 
-    /// Parses a key of the form `organization/ledger`.
-    ///
-    /// # Errors
-    /// [`InvalidTenantId`] naming the part and the rule it broke.
-    pub fn parse(key: &str) -> Result<Self, InvalidTenantId> {
+    /// [`TenantId::parse`] with the rule's own error.
+    pub(crate) fn parsed(key: &str) -> Result<Self, InvalidTenantId> {
         match key.split_once('/') {
             Some((organization, ledger)) if !ledger.contains('/') => {
-                TenantId::new(organization, ledger)
+                TenantId::validated(organization, ledger)
             }
             _ => Err(InvalidTenantId {
                 part: IdPart::Key,
@@ -206,10 +213,14 @@ impl TenantId {
     /// The schema of this tenant's life that began at `life_epoch`.
     ///
     /// `t_<organization>__<ledger>_<epoch>_<hash>`: lowercase `[a-z0-9_]`, recognisable in
-    /// psql (`-` reads as `_`, and the double underscore parts organization from ledger, so
-    /// `a-b/c` and `a/b-c` read apart), the readable parts shortened so that even with the
-    /// trash prefix the name stays within PostgreSQL's 63 bytes; the hash of the full key and
-    /// epoch keeps shortened names apart.
+    /// psql (letters lowercased, `-` and `.` read as `_`, and the double underscore parts
+    /// organization from ledger, so `a-b/c` and `a/b-c` read apart), the readable parts
+    /// shortened (a prefix of each) so that even with the trash prefix the name stays within
+    /// PostgreSQL's 63 bytes, whatever the id's length; the hash of the full key and epoch
+    /// keeps apart names that read the same (`Acme/x` and `acme/x`, two ids sharing a long
+    /// prefix). For an id of the first release's rules (lowercase, digits and `-`, at most 30
+    /// bytes a part) this is the name that release derived, so existing tenants, their trash
+    /// and their masked schemas keep their names.
     pub fn schema_name(&self, life_epoch: i64) -> String {
         self.schema_name_salted(life_epoch, 0)
     }
@@ -251,7 +262,16 @@ impl TenantId {
             .len()
             .min(readable.saturating_sub(ledger.len()).max(readable / 2));
         let ledger_len = ledger.len().min(readable - org_len);
-        let snake = |s: &str| s.replace('-', "_");
+        // Lowercase and `[a-z0-9_]` only; for the first release's ids (lowercase, digits and
+        // `-`) exactly its mapping, so that every name it derived is derived again.
+        let snake = |s: &str| {
+            s.chars()
+                .map(|c| match c {
+                    '-' | '.' => '_',
+                    c => c.to_ascii_lowercase(),
+                })
+                .collect::<String>()
+        };
         format!(
             "{LIVE_PREFIX}{}{separator}{}_{epoch}_{hash}",
             snake(&org[..org_len]),
@@ -306,20 +326,6 @@ impl fmt::Debug for TenantId {
     }
 }
 
-impl std::str::FromStr for TenantId {
-    type Err = InvalidTenantId;
-    fn from_str(key: &str) -> Result<Self, Self::Err> {
-        TenantId::parse(key)
-    }
-}
-
-impl TryFrom<String> for TenantId {
-    type Error = InvalidTenantId;
-    fn try_from(key: String) -> Result<Self, Self::Error> {
-        TenantId::parse(&key)
-    }
-}
-
 impl From<TenantId> for String {
     fn from(id: TenantId) -> String {
         id.key
@@ -333,7 +339,7 @@ mod tests {
     #[test]
     fn schema_names_fit_with_the_trash_prefix() {
         let long = "a".repeat(MAX_ID_PART_LEN);
-        let id = TenantId::new(&long, &long).expect("valid id");
+        let id = TenantId::validated(&long, &long).expect("valid id");
         for epoch in [0, 1, 99, i64::MAX] {
             let name = format!("{TRASH_PREFIX}{}", id.schema_name(epoch));
             assert!(
@@ -346,8 +352,9 @@ mod tests {
 
     #[test]
     fn shortened_names_stay_distinct() {
-        let a = TenantId::new(&"a".repeat(30), &"b".repeat(30)).expect("valid id");
-        let b = TenantId::new(&"a".repeat(30), &format!("{}c", "b".repeat(29))).expect("valid id");
+        let a = TenantId::validated(&"a".repeat(30), &"b".repeat(30)).expect("valid id");
+        let b = TenantId::validated(&"a".repeat(30), &format!("{}c", "b".repeat(29)))
+            .expect("valid id");
         assert_ne!(a.schema_name(1), b.schema_name(1));
         assert_ne!(a.schema_name(1), a.schema_name(2));
     }

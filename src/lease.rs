@@ -136,18 +136,39 @@ impl HandleState {
     }
 }
 
-/// A tenant as `pgtenant.lease_status` shows it.
+/// A tenant as `pgtenant.lease_status` shows it (control plane 13 on).
+///
+/// The four states of a tenant with an owner are named after what happened to the
+/// *incarnation* that holds its lease, and match the owner's row in `pgtenant.replica_status`:
+///
+/// | tenant | the incarnation holding the lease | `replica_status.state` of the owner |
+/// |---|---|---|
+/// | `held` | alive | `alive` (same incarnation) |
+/// | `stalled` | holds its liveness lock, heartbeat expired | `stalled` (or `sealed`) |
+/// | `owner_gone` | its lease session is gone | `gone` (or `sealed`) |
+/// | `owner_reregistered` | an earlier one: the replica id registered again since | any, with a newer `incarnation` |
+///
+/// Every one but `held` is taken over by the next replica that opens the tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TenantState {
-    /// Held by a live replica.
+    /// Held by a live incarnation of its owner replica: [`Router::open`](crate::Router::open)
+    /// elsewhere answers [`Error::LeaseHeld`](crate::Error::LeaseHeld).
     Held,
-    /// Held by a replica whose liveness lock is held but whose heartbeat expired: taken over
-    /// once the expiry passed.
+    /// The incarnation holding the lease still holds its liveness lock, but its heartbeat
+    /// expired: a paused, starved or cut-off process. Taken over by the next open (the owner
+    /// cannot commit once it is: the fence refuses it); when the process runs again it finds
+    /// its lease lost and registers a new incarnation.
     Stalled,
-    /// Held by a replica that is gone: taken over at once.
-    Expired,
+    /// The incarnation holding the lease lost its lease session (the process died, or the
+    /// database closed the connection) and has not registered again: taken over at once.
+    OwnerGone,
+    /// Held by an earlier incarnation of its owner: the replica id has registered again since
+    /// (after a pause longer than its ttl, a dropped lease session, or a restart under the same
+    /// id), and the new incarnation, which may be alive, does not hold this lease. No process
+    /// serves the tenant; taken over at once, by its owner too.
+    OwnerReregistered,
     /// Free.
     Free,
     /// Free, but reserved for one replica for a short window (a directed handoff).
@@ -162,22 +183,35 @@ pub enum TenantState {
 
 impl TenantState {
     /// Every state `pgtenant.lease_status` reports (not [`TenantState::Absent`]).
-    pub const ALL: [TenantState; 7] = [
+    pub const ALL: [TenantState; 8] = [
         TenantState::Held,
         TenantState::Stalled,
-        TenantState::Expired,
+        TenantState::OwnerGone,
+        TenantState::OwnerReregistered,
         TenantState::Free,
         TenantState::Reserved,
         TenantState::Quarantined,
         TenantState::Forgotten,
     ];
 
+    /// Whether the tenant has an owner (held, stalled, owner gone, owner re-registered).
+    pub const fn has_owner(self) -> bool {
+        matches!(
+            self,
+            TenantState::Held
+                | TenantState::Stalled
+                | TenantState::OwnerGone
+                | TenantState::OwnerReregistered
+        )
+    }
+
     /// The name `pgtenant.lease_status.state` uses.
     pub const fn as_str(self) -> &'static str {
         match self {
             TenantState::Held => "held",
             TenantState::Stalled => "stalled",
-            TenantState::Expired => "expired",
+            TenantState::OwnerGone => "owner_gone",
+            TenantState::OwnerReregistered => "owner_reregistered",
             TenantState::Free => "free",
             TenantState::Reserved => "reserved",
             TenantState::Quarantined => "quarantined",

@@ -53,7 +53,7 @@
 
 // Layers, bottom to top, each importing only layers below it (`tests/layers.rs` fails on an
 // import that goes up or sideways, or on an import circle): vocabulary and connections (`id`,
-// `lease`, `error`, `sqlstate`, `event`, `metrics`, `sync`, `wire`, `connect`, `options`,
+// `lease`, `stall`, `error`, `sqlstate`, `event`, `metrics`, `sync`, `wire`, `connect`, `options`,
 // `data_pool`, `citus`, `control`, `control_plane`, `migrate`, `refusal`), then `state/` (what
 // the protocols share), then `protocol/` (one file per DESIGN §5 protocol, in the order of its
 // table), then the facades `router.rs`, `handle.rs` and `admin/`.
@@ -75,6 +75,7 @@ mod protocol;
 mod refusal;
 mod router;
 mod sqlstate;
+mod stall;
 mod state;
 mod sync;
 mod wire;

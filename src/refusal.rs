@@ -58,9 +58,18 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
                 expires_in: held.expires_in_ms.map(Duration::from_millis),
                 reserved: held.reserved,
             }),
-        (NOT_REGISTERED, _) => Some(Error::ReplicaDown {
-            replica_id: scope.replica.to_owned(),
-        }),
+        (NOT_REGISTERED, _) => {
+            let reason = "the database no longer counts its incarnation as registered and alive";
+            let stalled = crate::stall::recent();
+            Some(Error::ReplicaDown {
+                replica_id: scope.replica.to_owned(),
+                reason: match stalled {
+                    Some(stalled) => format!("{stalled}, and meanwhile {reason}"),
+                    None => reason.to_owned(),
+                },
+                stalled: stalled.map(|stalled| stalled.0),
+            })
+        }
         (NO_TENANT, Some(tenant)) => Some(Error::TenantNotFound {
             tenant,
             reason: not_found_reason(db.message()),

@@ -60,14 +60,20 @@ struct RouterInner {
     shared: Arc<Shared>,
     maintenance: Mutex<Option<JoinHandle<()>>>,
     shutdown: watch::Sender<bool>,
+    /// Notes whether this process runs, so that errors can say when it did not.
+    _ticker: crate::stall::Ticker,
 }
 
 impl Drop for RouterInner {
     fn drop(&mut self) {
+        // Nothing registers again: handles still held say so (RouterClosed), not "retry".
+        self.shared.dropped.store(true, Ordering::Release);
         // Without close(): the lease session ends with its task, which frees the liveness lock,
-        // so other replicas take the tenants over at once.
+        // so other replicas take the tenants over at once; the handles here are over.
         if let Some(task) = lock(&self.maintenance).take() {
             task.abort();
+            self.shared
+                .lose_incarnation("its Router was dropped without close()");
         }
     }
 }
@@ -167,6 +173,7 @@ impl Router {
                 shared,
                 maintenance: Mutex::new(Some(maintenance)),
                 shutdown,
+                _ticker: crate::stall::ticker(),
             }),
         })
     }

@@ -50,6 +50,8 @@ pub(crate) const IN_FAILED_TRANSACTION: &str = "25P02";
 pub(crate) const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// A relation the query names does not exist (an older control plane, or none).
 pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+/// A column the query names does not exist (an older control plane's view).
+pub(crate) const UNDEFINED_COLUMN: &str = "42703";
 /// The function the query calls does not exist (an older control plane).
 pub(crate) const UNDEFINED_FUNCTION: &str = "42883";
 /// The schema named does not exist (no control plane at all).

@@ -187,3 +187,106 @@ async fn metrics_are_described_and_the_gauge_names_its_replica() {
     first.close().await;
     second.close().await;
 }
+
+/// An application's error type with exactly one conversion from pgtenant (issue 27): ids,
+/// opens, the statements of `run`'s work and of the guard API all return `pgtenant::Error`, and a
+/// constraint violation keeps its SQLSTATE through it.
+#[derive(Debug)]
+enum AppError {
+    Pgtenant(Error),
+    Overdrawn,
+}
+
+impl From<Error> for AppError {
+    fn from(error: Error) -> Self {
+        AppError::Pgtenant(error)
+    }
+}
+
+async fn book(router: &Router, organization: &str, amount: i64) -> Result<i64, AppError> {
+    let id = pgtenant::TenantId::new(organization, "ledger")?;
+    let tenant = router.open_or_create(&id).await?;
+    let balance = tenant
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute(
+                    "CREATE TABLE IF NOT EXISTS entries (id int PRIMARY KEY, amount bigint)",
+                )
+                .await?;
+                let balance: i64 = tx
+                    .query_one("SELECT coalesce(sum(amount), 0)::bigint FROM entries", &[])
+                    .await?
+                    .get(0);
+                if balance + amount < 0 {
+                    return Err(AppError::Overdrawn);
+                }
+                tx.execute("INSERT INTO entries VALUES (1, $1)", &[&amount])
+                    .await?;
+                Ok(balance + amount)
+            })
+        })
+        .await?;
+    let mut connection = tenant.connect().await?;
+    let tx = connection.begin().await?;
+    let rows = tx.query("SELECT amount FROM entries", &[]).await?;
+    tx.commit().await?;
+    assert_eq!(rows.len(), 1);
+    Ok(balance)
+}
+
+#[tokio::test]
+async fn one_conversion_is_enough_for_an_application_error() {
+    let (db, _client) = database().await;
+    let router = router(db.url(), "one-from").await;
+    assert_eq!(book(&router, "acme", 5).await.expect("booked"), 5);
+    assert!(matches!(
+        book(&router, "globex", -1).await,
+        Err(AppError::Overdrawn)
+    ));
+    // The second entry with id 1: the unique violation, with its SQLSTATE and the server's words.
+    match book(&router, "acme", 5).await {
+        Err(AppError::Pgtenant(error)) => {
+            assert_eq!(error.sqlstate(), Some("23505"), "{error}");
+            assert!(error.to_string().contains("entries_pkey"), "{error}");
+        }
+        other => panic!("expected the unique violation, got {other:?}"),
+    }
+    match book(&router, "not an id", 1).await {
+        Err(AppError::Pgtenant(error @ Error::InvalidTenantId(_))) => {
+            assert_eq!(error.kind(), ErrorKind::InvalidInput);
+        }
+        other => panic!("expected InvalidTenantId, got {other:?}"),
+    }
+    router.close().await;
+}
+
+/// A router dropped without `close()` never registers again: its handles say so, instead of
+/// "registering again, retry shortly" (issue 27, the demo's crashed replica).
+#[tokio::test]
+async fn the_handles_of_a_dropped_router_say_it_is_gone_for_good() {
+    let (db, _client) = database().await;
+    let survivor = router(db.url(), "survivor").await;
+    let doomed = Router::start(options(db.url(), "doomed"))
+        .await
+        .expect("router");
+    let handle = doomed
+        .open_or_create(&tenant("dropped"))
+        .await
+        .expect("create");
+    support::create_log(&handle).await;
+    drop(doomed);
+    let error = support::append(&handle, "doomed", 1)
+        .await
+        .expect_err("the router is gone");
+    assert!(matches!(error, Error::RouterClosed), "{error:?}");
+    assert!(!error.is_retryable());
+    let message = error.to_string();
+    assert!(
+        !message.contains("retry") && message.contains("dropped"),
+        "{message}"
+    );
+    // Its tenant is taken over at once elsewhere.
+    let taken = support::take_over(&survivor, &tenant("dropped"), Duration::from_secs(10)).await;
+    support::append(&taken, "survivor", 1).await.expect("write");
+    survivor.close().await;
+}

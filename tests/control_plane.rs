@@ -255,7 +255,7 @@ async fn status_views_explain_replicas_and_leases() {
         states,
         vec![
             ("acme/a".into(), "held".into(), Some(true)),
-            ("acme/b".into(), "expired".into(), Some(false)),
+            ("acme/b".into(), "owner_gone".into(), Some(false)),
             ("acme/c".into(), "free".into(), None),
         ]
     );

@@ -849,6 +849,7 @@ async fn public_can_use_only_the_allow_listed_objects() {
 async fn the_control_plane_derives_the_names_the_library_derives() {
     let (_db, admin) = support::database().await;
     let long = "a".repeat(29) + "z";
+    let longest = "Z".repeat(127) + "9";
     let ids = [
         ("acme", "one"),
         ("a", "b"),
@@ -858,6 +859,10 @@ async fn the_control_plane_derives_the_names_the_library_derives() {
         (long.as_str(), "x"),
         ("x", long.as_str()),
         (long.as_str(), long.as_str()),
+        // The id rules of #27: case kept, dots and underscores, 128 bytes.
+        ("3F2C1A9E-8B7D-4C6E-9F1A-2B3C4D5E6F70", "main"),
+        ("Acme.Com", "org_2NxX.k"),
+        ("01HV5Z6Q3C8M9D2K7W4T0R1YXE", longest.as_str()),
     ];
     for (organization, ledger) in ids {
         let id = pgtenant::TenantId::new(organization, ledger).expect("valid id");
@@ -892,7 +897,7 @@ async fn the_control_plane_derives_the_names_the_library_derives() {
     }
     let none: i64 = admin
         .query_one(
-            "SELECT count(*) FROM pgtenant.derived_schema_names('Not/valid', 1)",
+            "SELECT count(*) FROM pgtenant.derived_schema_names('-not/valid', 1)",
             &[],
         )
         .await

@@ -22,6 +22,8 @@ struct Fleet {
     _held: Vec<TenantHandle>,
     /// The hand-registered lease session whose replica is stalled (its lock held).
     _stalled_session: tokio_postgres::Client,
+    /// The lease sessions of the sealed (and stalled) replica and the re-registered one.
+    _sessions: Vec<tokio_postgres::Client>,
 }
 
 const V1: (&str, &str) = (
@@ -30,9 +32,11 @@ const V1: (&str, &str) = (
 );
 const V2: (&str, &str) = ("V2__notes", "ALTER TABLE accounts ADD COLUMN note text");
 
-/// held ×2 (router `ops-a`), stalled ×1 (`stalled-r`: lock held, heartbeat expired), expired ×1
-/// (`gone-r`: its lease session closed), free ×2 (one of them at version 2, by router
-/// `ops-new`), reserved ×1, quarantined ×1, forgotten ×1 (in the trash).
+/// held ×2 (router `ops-a`), stalled ×2 (`stalled-r`: lock held, heartbeat expired; `sealed-r`:
+/// the same, and sealed), owner_gone ×1 (`gone-r`: its lease session closed),
+/// owner_reregistered ×1 (`rereg-r`: alive under the incarnation after the one holding it),
+/// free ×2 (one of them at version 2, by router `ops-new`), reserved ×1, quarantined ×1,
+/// forgotten ×1 (in the trash).
 async fn fleet() -> Fleet {
     let (db, admin) = support::database().await;
     let url = db.url().to_owned();
@@ -59,7 +63,9 @@ async fn fleet() -> Fleet {
         "reserved-1",
         "quarantined-1",
         "stalled-1",
-        "expired-1",
+        "sealed-1",
+        "owner-gone-1",
+        "rereg-1",
     ] {
         let handle = router.open_or_create(&tenant(name)).await.expect("create");
         handle.release().await.expect("release");
@@ -80,17 +86,40 @@ async fn fleet() -> Fleet {
     let gone_session = db.connect().await.expect("a lease session");
     let (gone_incarnation, _) = support::register_by_hand(&gone_session, "gone-r").await;
     drop(gone_session);
+    // Registered twice on one session: the tenant belongs to the first incarnation.
+    let rereg_session = db.connect().await.expect("a lease session");
+    let (rereg_incarnation, _) = support::register_by_hand(&rereg_session, "rereg-r").await;
+    support::register_by_hand(&rereg_session, "rereg-r").await;
+    // Sealed as a takeover under session fencing seals a stalled owner.
+    let sealed_session = db.connect().await.expect("a lease session");
+    let (sealed_incarnation, secret) = support::register_by_hand(&sealed_session, "sealed-r").await;
+    sealed_session
+        .execute(
+            "SELECT pgtenant.declare_session_fencing('sealed-r', $1, $2)",
+            &[&sealed_incarnation, &secret],
+        )
+        .await
+        .expect("declare session fencing");
     admin
         .execute(
             "UPDATE pgtenant.replicas SET expires_at = now() - interval '1 second'
-              WHERE replica_id = 'stalled-r'",
+              WHERE replica_id IN ('stalled-r', 'sealed-r')",
             &[],
         )
         .await
         .expect("stall");
+    admin
+        .execute(
+            "SELECT pgtenant.seal_incarnation('sealed-r', $1)",
+            &[&sealed_incarnation],
+        )
+        .await
+        .expect("seal");
     for (key, owner, incarnation) in [
         ("acme/stalled-1", "stalled-r", stalled_incarnation),
-        ("acme/expired-1", "gone-r", gone_incarnation),
+        ("acme/sealed-1", "sealed-r", sealed_incarnation),
+        ("acme/owner-gone-1", "gone-r", gone_incarnation),
+        ("acme/rereg-1", "rereg-r", rereg_incarnation),
     ] {
         admin
             .execute(
@@ -134,6 +163,7 @@ async fn fleet() -> Fleet {
         newer,
         _held: held,
         _stalled_session: stalled_session,
+        _sessions: vec![sealed_session, rereg_session],
     }
 }
 
@@ -167,8 +197,9 @@ async fn fleet_status_counts_what_lease_status_says() {
     }
     let expected = [
         (TenantState::Held, 2),
-        (TenantState::Stalled, 1),
-        (TenantState::Expired, 1),
+        (TenantState::Stalled, 2),
+        (TenantState::OwnerGone, 1),
+        (TenantState::OwnerReregistered, 1),
         (TenantState::Free, 2),
         (TenantState::Reserved, 1),
         (TenantState::Quarantined, 1),
@@ -177,16 +208,16 @@ async fn fleet_status_counts_what_lease_status_says() {
     for (state, count) in expected {
         assert_eq!(status.count(state), count, "{state}: {status:#?}");
     }
-    assert_eq!(status.tenants, 9);
-    assert_eq!(status.live, 8);
+    assert_eq!(status.tenants, 11);
+    assert_eq!(status.live, 10);
     assert_eq!(status.newest_version, Some(2));
     // Below version 2 and not quarantined: every live tenant but free-2 and quarantined-1.
-    assert_eq!(status.behind, 6, "{status:#?}");
-    assert_eq!(status.versions, BTreeMap::from([(1, 7), (2, 1)]));
+    assert_eq!(status.behind, 8, "{status:#?}");
+    assert_eq!(status.versions, BTreeMap::from([(1, 9), (2, 1)]));
     assert_eq!((status.trashed, status.trash_due), (1, 0));
     assert!(status.oldest_trashed_at.is_some());
-    // ops-a, ops-new, stalled-r, gone-r; two of them alive.
-    assert_eq!((status.replicas, status.replicas_alive), (4, 2));
+    // ops-a, ops-new, stalled-r, gone-r, rereg-r, sealed-r; three of them alive.
+    assert_eq!((status.replicas, status.replicas_alive), (6, 3));
 
     // status_report is both halves from one pass: the same fleet, the same replica rows.
     let report = pgtenant::admin::status_report(&fleet.admin, Duration::from_secs(7 * 86_400))
@@ -267,7 +298,8 @@ async fn lease_status_is_lease_rows_in_tenant_order() {
         .collect();
     unordered.sort();
     assert_eq!(unordered, sorted);
-    // Every column lease_status had, unchanged (V8 readers select them by name).
+    // Every column lease_status had, unchanged (V8 readers select them by name), then the
+    // one V13 added.
     let columns: Vec<String> = fleet
         .admin
         .query(
@@ -295,9 +327,87 @@ async fn lease_status_is_lease_rows_in_tenant_order() {
             "quarantine_repair",
             "reserved_for",
             "acquired_at",
-            "created_at"
+            "created_at",
+            "owner_incarnation"
         ]
     );
+    fleet.router.close().await;
+    fleet.newer.close().await;
+}
+
+/// Issue 27: after a pause and re-registration `lease_status` said `expired | owner_alive f`
+/// while `replica_status` said the owner was `alive`. Every state of a tenant with an owner now
+/// names what happened to the incarnation holding its lease, and the two views, the fleet's
+/// counts, the admin API (what `pgtenant status` prints) and `Router::status` say the same.
+#[tokio::test]
+async fn lease_status_and_replica_status_agree_in_every_state() {
+    let fleet = fleet().await;
+    support::assert_views_agree(&fleet.admin).await;
+    let pairs: std::collections::BTreeSet<(String, Option<String>)> = fleet
+        .admin
+        .query(
+            "SELECT l.state, r.state FROM pgtenant.lease_status l
+               LEFT JOIN pgtenant.replica_status r ON r.replica_id = l.owner",
+            &[],
+        )
+        .await
+        .expect("views")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let pair =
+        |tenant: &str, replica: Option<&str>| (tenant.to_owned(), replica.map(str::to_owned));
+    for expected in [
+        pair("held", Some("alive")),
+        pair("stalled", Some("stalled")),
+        pair("stalled", Some("sealed")),
+        pair("owner_gone", Some("gone")),
+        // The contradiction of issue 27, now named: the owner is alive, as a newer incarnation.
+        pair("owner_reregistered", Some("alive")),
+        pair("free", None),
+        pair("reserved", None),
+        pair("quarantined", None),
+        pair("forgotten", None),
+    ] {
+        assert!(pairs.contains(&expected), "{expected:?} not in {pairs:?}");
+    }
+    // The admin API (pgtenant status, pgtenant tenants) and Router::status say what the view
+    // says, tenant by tenant, expires_in_ms included.
+    let by_view: BTreeMap<String, (String, Option<i64>, Option<i64>)> = fleet
+        .admin
+        .query(
+            "SELECT tenant, state, owner_incarnation,
+                    (extract(epoch FROM expires_in) * 1000)::bigint
+               FROM pgtenant.lease_status",
+            &[],
+        )
+        .await
+        .expect("lease_status")
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2), row.get(3))))
+        .collect();
+    let mut q = TenantQuery::default();
+    q.limit = 1000;
+    let records = pgtenant::admin::list_tenants(&fleet.admin, &q)
+        .await
+        .expect("list");
+    assert_eq!(records.len(), by_view.len());
+    for record in &records {
+        let (state, incarnation, expires) = &by_view[record.tenant.key()];
+        assert_eq!(record.state.as_str(), state, "{record:?}");
+        assert_eq!(&record.owner_incarnation, incarnation, "{record:?}");
+        // Read a moment apart: the same None-ness, and a held lease's time only goes down.
+        assert_eq!(
+            record.expires_in_ms.is_some(),
+            expires.is_some(),
+            "{record:?}"
+        );
+        let status = fleet.router.status(&record.tenant).await.expect("status");
+        assert_eq!(status.state, record.state, "{status:?}");
+        assert_eq!(status.owner_alive, record.owner_alive, "{status:?}");
+    }
+    let json = serde_json::to_value(&records[0]).expect("json");
+    assert!(json.get("expires_in_ms").is_some(), "{json}");
     fleet.router.close().await;
     fleet.newer.close().await;
 }
@@ -320,8 +430,10 @@ async fn replica_status_counts_each_incarnations_tenants() {
     };
     assert_eq!(held("ops-a").await, (2, "alive".to_owned()));
     assert_eq!(held("ops-new").await, (0, "alive".to_owned()));
-    assert_eq!(held("stalled-r").await, (1, "expired".to_owned()));
-    assert_eq!(held("gone-r").await, (1, "lease session gone".to_owned()));
+    assert_eq!(held("stalled-r").await, (1, "stalled".to_owned()));
+    assert_eq!(held("gone-r").await, (1, "gone".to_owned()));
+    assert_eq!(held("sealed-r").await, (1, "sealed".to_owned()));
+    assert_eq!(held("rereg-r").await, (0, "alive".to_owned()));
     // A new incarnation of stalled-r holds none of the old one's tenants.
     support::register_by_hand(&fleet._stalled_session, "stalled-r").await;
     assert_eq!(held("stalled-r").await.0, 0);
@@ -607,4 +719,85 @@ async fn the_granted_roles_read_the_new_views() {
         .expect("list as operator");
     assert_eq!(listed.len(), 1);
     router.close().await;
+}
+
+/// V13 makes `fleet_status` (and its function) again, since its columns are the states: the
+/// privileges it had come with it, exactly, PUBLIC's too. Before the upgrade, this release's
+/// operator API reads the older control plane (`expired` read as `owner_gone`).
+#[tokio::test]
+async fn the_upgrade_to_v13_keeps_who_may_read_fleet_status() {
+    let db = TestDatabase::create().await.expect("test database");
+    let mut admin = db.connect().await.expect("connect");
+    // Every migration before V13, the last one.
+    let before_13 = support::CONTROL_PLANE.len() - 1;
+    assert_eq!(support::CONTROL_PLANE[before_13].0, "V13__first_day");
+    support::control_plane_at(&mut admin, before_13).await;
+    let app = db.create_role("app").await.expect("app role");
+    let operator = db.create_role("op").await.expect("operator role");
+    let outsider = db
+        .create_role("outsider")
+        .await
+        .expect("a role with no grants");
+    admin
+        .execute(
+            "SELECT pgtenant.grant_roles($1::text::name, $2::text::name)",
+            &[&app.name(), &operator.name()],
+        )
+        .await
+        .expect("the grants before V13");
+    // A tenant whose owner is gone, as control planes before 13 call it `expired`.
+    let session = db.connect().await.expect("a lease session");
+    let (incarnation, secret) = support::register_by_hand(&session, "old-r").await;
+    session
+        .query_one(
+            "SELECT epoch FROM pgtenant.acquire('acme/gone', 'acme', 'gone', 'old-r', $1, $2, true)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .expect("acquire");
+    drop(session);
+    let acl = "SELECT p.proacl::text, c.relacl::text FROM pg_proc p, pg_class c
+                WHERE p.oid = 'pgtenant.fleet_status_rows(bigint)'::regprocedure
+                  AND c.oid = 'pgtenant.fleet_status'::regclass";
+    let before: (Option<String>, Option<String>) = {
+        let row = admin.query_one(acl, &[]).await.expect("acl");
+        (row.get(0), row.get(1))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let old = loop {
+        let fleet = pgtenant::admin::fleet_status(&admin, Duration::ZERO)
+            .await
+            .expect("fleet of a control plane before 13");
+        if fleet.count(TenantState::OwnerGone) == 1 || std::time::Instant::now() > deadline {
+            break fleet;
+        }
+        // The lease session's lock goes with its backend, a moment after the client drops.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(old.count(TenantState::OwnerGone), 1, "{old:?}");
+    let listed = pgtenant::admin::list_tenants(&admin, &TenantQuery::default())
+        .await
+        .expect("list before 13");
+    assert_eq!(listed[0].state, TenantState::OwnerGone);
+    assert_eq!(listed[0].owner_incarnation, Some(incarnation));
+
+    pgtenant::setup(&mut admin).await.expect("upgrade");
+    let after: (Option<String>, Option<String>) = {
+        let row = admin.query_one(acl, &[]).await.expect("acl");
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(after, before, "the same privileges");
+    for role in [&app, &operator] {
+        let client = role.connect().await.expect("connect");
+        let fleet = pgtenant::admin::fleet_status(&client, Duration::ZERO)
+            .await
+            .expect("fleet_status");
+        assert_eq!(fleet.count(TenantState::OwnerGone), 1, "{fleet:?}");
+    }
+    let client = outsider.connect().await.expect("connect as outsider");
+    let refused = client
+        .query_one("SELECT count(*) FROM pgtenant.fleet_status", &[])
+        .await
+        .expect_err("no grant, no read");
+    assert_eq!(refused.code().map(|c| c.code()), Some("42501"));
 }

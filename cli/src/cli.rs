@@ -216,7 +216,7 @@ pub(crate) struct Clear {
     pub output: Json,
 }
 
-fn tenant_id(text: &str) -> Result<pgtenant::TenantId, pgtenant::InvalidTenantId> {
+fn tenant_id(text: &str) -> Result<pgtenant::TenantId, pgtenant::Error> {
     pgtenant::TenantId::parse(text)
 }
 

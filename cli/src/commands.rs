@@ -199,9 +199,7 @@ pub(crate) async fn status_of(
                 r.state.clone(),
                 r.incarnation.to_string(),
                 r.tenants_held.to_string(),
-                r.expires_in_ms
-                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
-                    .unwrap_or_default(),
+                seconds(r.expires_in_ms),
                 r.sessions.to_string(),
                 cell(&r.backend_pid),
                 cell(&r.started_at),
@@ -235,6 +233,12 @@ pub(crate) async fn status_of(
         out!("  … more: pgtenant tenants --after {after}")?;
     }
     Ok(())
+}
+
+/// Milliseconds as a table cell: `7.1s`, empty when absent.
+fn seconds(ms: Option<i64>) -> String {
+    ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+        .unwrap_or_default()
 }
 
 /// The first `limit` tenants by key, and the key to pass as `--after` for the rest (None when
@@ -343,7 +347,9 @@ fn print_tenants(records: &[pgtenant::admin::TenantRecord]) -> Result<(), CliErr
                 r.tenant.to_string(),
                 r.state.to_string(),
                 cell(&r.owner),
+                cell(&r.owner_incarnation),
                 r.epoch.to_string(),
+                seconds(r.expires_in_ms),
                 r.version.to_string(),
                 cell(&r.schema),
                 cell(&r.quarantine_cause),
@@ -355,7 +361,9 @@ fn print_tenants(records: &[pgtenant::admin::TenantRecord]) -> Result<(), CliErr
             "tenant",
             "state",
             "owner",
+            "incarnation",
             "epoch",
+            "expires_in",
             "version",
             "schema",
             "quarantine",
@@ -381,28 +389,7 @@ fn print_fleet(
         fleet.tenants,
         fleet.live
     )?;
-    match fleet.newest_version {
-        Some(newest) => {
-            // The most common versions first; a fleet mid-rollout has two or three.
-            let mut versions: Vec<(&i32, &i64)> = fleet.versions.iter().collect();
-            versions.sort_by(|a, b| b.1.cmp(a.1).then(b.0.cmp(a.0)));
-            let mut shown: Vec<String> = versions
-                .iter()
-                .take(5)
-                .map(|(version, count)| format!("{count} at {version}"))
-                .collect();
-            if versions.len() > 5 {
-                shown.push(format!("{} more versions", versions.len() - 5));
-            }
-            out!(
-                "  migrations  newest version {newest}; {} live tenant(s) behind it, not \
-                 quarantined ({})",
-                fleet.behind,
-                shown.join(", ")
-            )?;
-        }
-        None => out!("  migrations  no live tenant")?,
-    }
+    out!("  migrations  {}", migrations_line(fleet))?;
     out!(
         "  quarantined {} (pgtenant tenants --quarantined; pgtenant clear after the repair)",
         fleet.count(TenantState::Quarantined)
@@ -423,6 +410,46 @@ fn print_fleet(
         "  replicas    {} row(s), {} alive\n",
         fleet.replicas,
         fleet.replicas_alive
+    )
+}
+
+/// Where the live tenants are on their tenant migrations, in words: `pgtenant status`'s
+/// "migrations" line.
+fn migrations_line(fleet: &pgtenant::admin::FleetStatus) -> String {
+    let Some(newest) = fleet.newest_version else {
+        return "no live tenant".to_owned();
+    };
+    if fleet.versions.len() == 1 {
+        return match newest {
+            0 => format!(
+                "no tenant migration has run (all {} live tenant(s) at version 0)",
+                fleet.live
+            ),
+            newest => format!("all {} live tenant(s) at version {newest}", fleet.live),
+        };
+    }
+    // The most common versions first; a fleet mid-rollout has two or three.
+    let mut versions: Vec<(&i32, &i64)> = fleet.versions.iter().collect();
+    versions.sort_by(|a, b| b.1.cmp(a.1).then(b.0.cmp(a.0)));
+    let mut shown: Vec<String> = versions
+        .iter()
+        .take(5)
+        .map(|(version, count)| format!("{count} at {version}"))
+        .collect();
+    if versions.len() > 5 {
+        shown.push(format!("{} more versions", versions.len() - 5));
+    }
+    let shown = shown.join(", ");
+    if fleet.behind == 0 {
+        return format!(
+            "every live tenant that is not quarantined is at the newest version, {newest}; live \
+             tenants by version: {shown}"
+        );
+    }
+    format!(
+        "{} live tenant(s) behind the newest version, {newest} (not counting quarantined ones): \
+         migrated at their next open, or by `pgtenant migrate`; live tenants by version: {shown}",
+        fleet.behind
     )
 }
 

@@ -90,8 +90,8 @@ async fn demo(target: &Target) -> Result<(), CliError> {
             .await
     }
 
-    let invoices = TenantId::new("acme", "invoices").map_err(Error::from)?;
-    let payroll = TenantId::new("globex", "payroll").map_err(Error::from)?;
+    let invoices = TenantId::new("acme", "invoices")?;
+    let payroll = TenantId::new("globex", "payroll")?;
     let on_a = a.open_or_create(&invoices).await?;
     let on_b = b.open_or_create(&payroll).await?;
     say(&format!(

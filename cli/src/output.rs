@@ -121,7 +121,9 @@ pub(crate) struct Replica {
     pub sessions: Option<i64>,
     /// When its incarnation was sealed; null before control plane 10.
     pub sealed_at: Option<String>,
-    /// One word for the row (`alive`, `expired`, …); null before control plane 10.
+    /// One word for its current incarnation (`alive`, `stalled`, `gone`, `sealed`,
+    /// `released`; before control plane 13 `expired` and `lease session gone` for the second
+    /// and third); null before control plane 10.
     pub state: Option<String>,
 }
 

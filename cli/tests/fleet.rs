@@ -38,8 +38,9 @@ async fn status_shows_the_fleet_and_a_page_of_tenants() {
     let shown = text(&pgtenant(&["status", "--database-url", url]));
     for line in [
         "fleet (pgtenant.fleet_status):",
-        "tenants     4 (3 live): 0 held, 0 stalled, 0 expired, 2 free, 0 reserved, 1 quarantined, 1 forgotten",
-        "newest version 2; 1 live tenant(s) behind it, not quarantined (2 at 1, 1 at 2)",
+        "tenants     4 (3 live): 0 held, 0 stalled, 0 owner_gone, 0 owner_reregistered, 2 free, 0 reserved, 1 quarantined, 1 forgotten",
+        "migrations  1 live tenant(s) behind the newest version, 2 (not counting quarantined ones): \
+         migrated at their next open, or by `pgtenant migrate`; live tenants by version: 2 at 1, 1 at 2",
         "trash       1 schema(s) not swept yet",
         "0 past the 7d retention",
         "acme/l1",
@@ -88,6 +89,74 @@ async fn status_shows_the_fleet_and_a_page_of_tenants() {
     let all = json(&["status", "--json", "--database-url", url]);
     assert!(all["next_after"].is_null(), "{all:#}");
     assert_eq!(all["tenants"].as_array().map(Vec::len), Some(4), "{all:#}");
+    // Tenants carry what replicas carry (issue 27): time left on the owner's heartbeat, and
+    // the incarnation holding the lease.
+    for tenant in all["tenants"].as_array().expect("tenants") {
+        for key in ["expires_in_ms", "owner_incarnation", "owner_alive"] {
+            assert!(tenant.get(key).is_some(), "{key} missing: {tenant:#}");
+        }
+    }
+}
+
+/// Issue 27's fleet line, "newest version 0; 0 live tenant(s) behind it, not quarantined (2 at
+/// 0)", now says what it means; a held tenant shows its owner's incarnation and time left.
+#[tokio::test]
+async fn the_migrations_line_reads_plainly() {
+    let db = TestDatabase::create().await.expect("test database");
+    setup(db.url());
+    let client = db.connect().await.expect("connect");
+    let (incarnation, secret): (i64, String) = {
+        let lock =
+            "SELECT pg_advisory_lock(pgtenant.lock_namespace(), pgtenant.replica_lock_key('r1'))";
+        client.execute(lock, &[]).await.expect("the liveness lock");
+        let row = client
+            .query_one(
+                "SELECT incarnation, secret FROM pgtenant.register('r1', 60000, NULL)",
+                &[],
+            )
+            .await
+            .expect("register");
+        (row.get(0), row.get(1))
+    };
+    client
+        .execute(
+            "SELECT pgtenant.acquire('acme/a', 'acme', 'a', 'r1', $1, $2, true)",
+            &[&incarnation, &secret],
+        )
+        .await
+        .expect("acquire");
+    client
+        .batch_execute(
+            "INSERT INTO pgtenant.tenants (key, organization, ledger, schema_name, epoch)
+             VALUES ('acme/b', 'acme', 'b', 't_acme_b_1_0000000000', 1)",
+        )
+        .await
+        .expect("a free tenant");
+    client
+        .batch_execute(
+            "CREATE SCHEMA t_acme_a_1_0000000000;
+             UPDATE pgtenant.tenants SET schema_name = 't_acme_a_1_0000000000' WHERE key = 'acme/a'",
+        )
+        .await
+        .expect("a live schema");
+    let shown = text(&pgtenant(&["status", "--database-url", db.url()]));
+    assert!(
+        shown.contains(
+            "migrations  no tenant migration has run (all 2 live tenant(s) at version 0)"
+        ),
+        "{shown}"
+    );
+    let held = shown
+        .lines()
+        .find(|line| line.trim_start().starts_with("acme/a "))
+        .unwrap_or_else(|| panic!("acme/a missing: {shown}"));
+    let cells: Vec<&str> = held.split_whitespace().collect();
+    assert_eq!(
+        &cells[..4],
+        ["acme/a", "held", "r1", &incarnation.to_string()],
+        "{held}"
+    );
+    assert!(cells[5].ends_with('s'), "expires_in: {held}");
 }
 
 #[tokio::test]

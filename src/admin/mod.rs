@@ -73,8 +73,14 @@ pub struct TenantRecord {
     pub owner: Option<String>,
     /// The current epoch.
     pub epoch: Epoch,
-    /// Whether the owner is alive.
+    /// Whether the incarnation holding the lease is alive (None without an owner).
     pub owner_alive: Option<bool>,
+    /// The incarnation holding the lease, to set beside
+    /// [`ReplicaStatus::incarnation`] (None without an owner).
+    pub owner_incarnation: Option<i64>,
+    /// Milliseconds left on the owner's heartbeat, for `held` and `stalled` tenants (0 when
+    /// stalled); None otherwise.
+    pub expires_in_ms: Option<i64>,
     /// The live schema (None when forgotten).
     pub schema: Option<String>,
     /// The tenant's migration version.
@@ -91,40 +97,59 @@ pub struct TenantRecord {
     pub acquired_at: Option<String>,
 }
 
-/// The columns of a [`TenantRecord`], from `s`: `pgtenant.lease_rows` (control plane 10 on),
-/// or [`LEGACY_SOURCE`] on an older control plane.
+/// The columns of a [`TenantRecord`], from `s`: `pgtenant.lease_rows` (control plane 13 on),
+/// or [`V10_SOURCE`] or [`LEGACY_SOURCE`] on an older control plane.
 const RECORD_COLUMNS: &str =
     "SELECT s.tenant, s.state, s.owner, s.epoch, s.owner_alive, s.schema, s.version,
         s.forgotten_at_epoch, s.quarantine_cause, s.quarantine_repair,
         to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-        to_char(s.acquired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')";
+        to_char(s.acquired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+        s.owner_incarnation, (extract(epoch FROM s.expires_in) * 1000)::bigint";
 
 /// `lease_rows` is `lease_status` unordered. Reading the ordered view instead costs a sort of
 /// every tenant before the first row: a page of 100 took 124 ms at 100 000 tenants through
 /// lease_status joined to tenants, 1.4 ms through lease_rows (V10, docs/scale.md).
 const SOURCE: &str = "pgtenant.lease_rows s";
 
+/// What [`SOURCE`] is on control planes 10 to 12, whose lease_rows has no owner_incarnation.
+const V10_SOURCE: &str = "(SELECT l.*, t.owner_incarnation FROM pgtenant.lease_rows l
+                           JOIN pgtenant.tenants t ON t.key = l.tenant) s";
+
 /// What [`SOURCE`] is on a control plane older than version 10, which has no lease_rows: the
 /// same columns, as slow as they were.
-const LEGACY_SOURCE: &str = "(SELECT l.*, t.forgotten_at_epoch FROM pgtenant.lease_status l
-                              JOIN pgtenant.tenants t ON t.key = l.tenant) s";
+const LEGACY_SOURCE: &str =
+    "(SELECT l.*, t.forgotten_at_epoch, t.owner_incarnation FROM pgtenant.lease_status l
+       JOIN pgtenant.tenants t ON t.key = l.tenant) s";
 
 /// The control-plane version that brought `lease_rows` and `fleet_status`.
 const LEASE_ROWS_VERSION: i64 = 10;
 
-/// Runs `sql(source)` on lease_rows, and once more on [`LEGACY_SOURCE`] when the database's
-/// control plane predates it (an operator tool newer than the database it reads, during an
-/// upgrade).
+/// Runs `sql(source)` on lease_rows, and once more on [`V10_SOURCE`] or [`LEGACY_SOURCE`]
+/// when the database's control plane predates it (an operator tool newer than the database it
+/// reads, during an upgrade).
 async fn query_records(
     client: &impl GenericClient,
     sql: impl Fn(&str) -> String,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
     match client.query(&sql(SOURCE), params).await {
+        Err(error) if crate::sqlstate::of(&error) == Some(crate::sqlstate::UNDEFINED_COLUMN) => {
+            client.query(&sql(V10_SOURCE), params).await
+        }
         Err(error) if crate::sqlstate::of(&error) == Some(crate::sqlstate::UNDEFINED_TABLE) => {
             client.query(&sql(LEGACY_SOURCE), params).await
         }
         other => other,
+    }
+}
+
+/// A state as `lease_status` says it, also on a control plane older than 13, whose `expired`
+/// covered both [`TenantState::OwnerGone`] and [`TenantState::OwnerReregistered`] and is read
+/// as the first.
+fn state_of(text: &str) -> Result<TenantState> {
+    match text {
+        "expired" => Ok(TenantState::OwnerGone),
+        text => text.parse(),
     }
 }
 
@@ -144,15 +169,19 @@ fn record(row: &tokio_postgres::Row) -> Result<TenantRecord> {
             row.try_get(9)?,
             row.try_get(10)?,
             row.try_get(11)?,
+            row.try_get(12)?,
+            row.try_get(13)?,
         ))
     })()
     .map_err(read)?;
     Ok(TenantRecord {
         tenant: TenantId::parse(&key)?,
-        state: state.parse()?,
+        state: state_of(&state)?,
         owner: fields.0,
         epoch: Epoch::new(fields.1),
         owner_alive: fields.2,
+        owner_incarnation: fields.10,
+        expires_in_ms: fields.11,
         schema: fields.3,
         version: fields.4,
         forgotten_at_epoch: fields.5,
@@ -192,9 +221,10 @@ fn filters(
                 TenantState::Forgotten => "s.schema IS NULL",
                 TenantState::Quarantined => "s.quarantine_cause IS NOT NULL",
                 TenantState::Free | TenantState::Reserved => "s.owner IS NULL",
-                TenantState::Held | TenantState::Stalled | TenantState::Expired => {
-                    "s.owner IS NOT NULL"
-                }
+                TenantState::Held
+                | TenantState::Stalled
+                | TenantState::OwnerGone
+                | TenantState::OwnerReregistered => "s.owner IS NOT NULL",
                 TenantState::Absent => "false",
             }
             .to_owned(),
@@ -341,8 +371,10 @@ pub struct FleetStatus {
     pub tenants: i64,
     /// Tenants with a live schema.
     pub live: i64,
-    /// Tenants per state, as `pgtenant.lease_status` says it: `held`, `stalled`, `expired`,
-    /// `free`, `reserved`, `quarantined`, `forgotten` (every state, zeros included).
+    /// Tenants per state, as `pgtenant.lease_status` says it: `held`, `stalled`, `owner_gone`,
+    /// `owner_reregistered`, `free`, `reserved`, `quarantined`, `forgotten` (every state,
+    /// zeros included; on a control plane before 13, `owner_gone` counts what it called
+    /// `expired`, both kinds).
     pub states: BTreeMap<String, i64>,
     /// The highest migration version of a live tenant (None without live tenants).
     pub newest_version: Option<i32>,
@@ -370,16 +402,25 @@ impl FleetStatus {
     }
 }
 
-/// The columns of a [`FleetStatus`], in its order, of the relation `alias`.
-fn fleet_columns(alias: &str) -> String {
+/// The columns of a [`FleetStatus`], in its order, of the relation `alias`: the owner states
+/// as `owners` says (the states' columns of control plane 13, or its older `expired`).
+fn fleet_columns(alias: &str, owners: &str) -> String {
     let a = alias;
     format!(
-        "{a}.tenants, {a}.live, {a}.held, {a}.stalled, {a}.expired, {a}.free, {a}.reserved,
+        "{a}.tenants, {a}.live, {a}.held, {a}.stalled, {owners}, {a}.free, {a}.reserved,
          {a}.quarantined, {a}.forgotten, {a}.newest_version, {a}.behind, {a}.versions::text,
          {a}.trashed, {a}.trash_due, {}, {a}.replicas, {a}.replicas_alive",
         utc(&format!("{a}.oldest_trashed_at"))
     )
 }
+
+/// The owner states' columns of `fleet_status_rows` (control plane 13 on).
+const OWNER_STATES: &str = "f.owner_gone, f.owner_reregistered";
+/// The same before control plane 13: one `expired` for both.
+const OWNER_STATES_BEFORE_13: &str = "f.expired, 0::bigint";
+/// The same from `status_report`'s JSON, whichever version wrote it.
+const OWNER_STATES_JSON: &str =
+    "coalesce(f.owner_gone, f.expired), coalesce(f.owner_reregistered, 0)";
 
 /// The fleet in one query ([`FleetStatus`]); `retention` is the sweep's (what counts as due).
 ///
@@ -390,16 +431,33 @@ pub async fn fleet_status(
     client: &impl GenericClient,
     retention: std::time::Duration,
 ) -> Result<FleetStatus> {
-    let row = query_v10(
-        client,
-        &format!(
+    let sql = |owners| {
+        format!(
             "SELECT {} FROM pgtenant.fleet_status_rows($1) f",
-            fleet_columns("f")
-        ),
+            fleet_columns("f", owners)
+        )
+    };
+    let row = match query_v10(
+        client,
+        &sql(OWNER_STATES),
         retention,
         "read pgtenant.fleet_status",
     )
-    .await?;
+    .await
+    {
+        Err(Error::Database { source, .. })
+            if crate::sqlstate::of(&source) == Some(crate::sqlstate::UNDEFINED_COLUMN) =>
+        {
+            query_v10(
+                client,
+                &sql(OWNER_STATES_BEFORE_13),
+                retention,
+                "read pgtenant.fleet_status",
+            )
+            .await?
+        }
+        other => other?,
+    };
     fleet_from(&row)
 }
 
@@ -411,7 +469,7 @@ fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
     for (i, state) in TenantState::ALL.iter().enumerate() {
         states.insert(state.as_str().to_owned(), get_i64(2 + i)?);
     }
-    let versions_text: String = row.try_get(11).map_err(read())?;
+    let versions_text: String = row.try_get(12).map_err(read())?;
     let by_text: BTreeMap<String, i64> =
         serde_json::from_str(&versions_text).map_err(|error| Error::UnexpectedReply {
             context: "read pgtenant.fleet_status".to_owned(),
@@ -429,14 +487,14 @@ fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
         tenants: get_i64(0)?,
         live: get_i64(1)?,
         states,
-        newest_version: row.try_get(9).map_err(read())?,
-        behind: get_i64(10)?,
+        newest_version: row.try_get(10).map_err(read())?,
+        behind: get_i64(11)?,
         versions,
-        trashed: get_i64(12)?,
-        trash_due: get_i64(13)?,
-        oldest_trashed_at: row.try_get(14).map_err(read())?,
-        replicas: get_i64(15)?,
-        replicas_alive: get_i64(16)?,
+        trashed: get_i64(13)?,
+        trash_due: get_i64(14)?,
+        oldest_trashed_at: row.try_get(15).map_err(read())?,
+        replicas: get_i64(16)?,
+        replicas_alive: get_i64(17)?,
     })
 }
 
@@ -446,7 +504,8 @@ fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
 pub struct ReplicaStatus {
     /// The replica id.
     pub replica_id: String,
-    /// Registered, lease session holding its liveness lock, heartbeat not expired.
+    /// Registered, lease session holding its liveness lock, heartbeat not expired: its
+    /// current incarnation serves.
     pub alive: bool,
     /// Its lease session holds its liveness lock.
     pub lock_held: bool,
@@ -468,7 +527,11 @@ pub struct ReplicaStatus {
     pub sessions: i64,
     /// When its current incarnation was sealed (UTC, RFC 3339).
     pub sealed_at: Option<String>,
-    /// One word: `alive`, `expired`, `lease session gone`, `sealed` or `released`.
+    /// One word for its current incarnation (control plane 13 on): `alive`; `stalled` (its
+    /// lease session holds the liveness lock but the heartbeat expired: a paused or starved
+    /// process); `gone` (its lease session is gone: the process died or its connection was
+    /// cut); `sealed` (a takeover sealed it: it registers again when it runs); `released`
+    /// (closed). Its tenants' states in `lease_status` say the same ([`TenantState`]).
     pub state: String,
 }
 
@@ -512,12 +575,13 @@ pub async fn status_report(
                             sessions bigint, sealed_at timestamptz, state text))::text
                FROM pgtenant.status_report($1) s,
                     jsonb_to_record(s.fleet) AS f(
-                        tenants bigint, live bigint, held bigint, stalled bigint, expired bigint,
+                        tenants bigint, live bigint, held bigint, stalled bigint,
+                        owner_gone bigint, owner_reregistered bigint, expired bigint,
                         free bigint, reserved bigint, quarantined bigint, forgotten bigint,
                         newest_version integer, behind bigint, versions jsonb, trashed bigint,
                         trash_due bigint, oldest_trashed_at timestamptz, replicas bigint,
                         replicas_alive bigint)",
-            fleet = fleet_columns("f"),
+            fleet = fleet_columns("f", OWNER_STATES_JSON),
             started = utc("x.started_at"),
             released = utc("x.released_at"),
             sealed = utc("x.sealed_at"),
@@ -528,7 +592,7 @@ pub async fn status_report(
     .await?;
     let fleet = fleet_from(&row)?;
     let replicas_text: String = row
-        .try_get(17)
+        .try_get(18)
         .map_err(Error::db("read pgtenant.status_report"))?;
     let replicas =
         serde_json::from_str(&replicas_text).map_err(|error| Error::UnexpectedReply {

@@ -144,14 +144,17 @@ async fn heartbeat_until_end(
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(next.into()) => {}
-            _ = &mut session.ended => return SessionEnd::Lost("lease session dropped"),
+            _ = &mut session.ended => return SessionEnd::Lost("its lease session to the database was lost"),
             _ = shutdown.changed() => return SessionEnd::Shutdown,
             _ = shared.bindings.refusal() => {
                 // The database will bind nothing to this incarnation (sealed, or no longer
                 // alive by its account): a new incarnation is the cure, and waiting for the
                 // heartbeat to find out would leave every write refused meanwhile.
                 if shared.bindings.is_refused(session.credentials.registration) {
-                    return SessionEnd::Lost("the database refused to bind a data session to this incarnation");
+                    return SessionEnd::Lost(
+                        "the database refused to bind a data session to its incarnation (sealed by \
+                         a takeover, or no longer alive)",
+                    );
                 }
                 continue;
             }
@@ -160,7 +163,7 @@ async fn heartbeat_until_end(
         next = started + period;
         let outcome = tokio::select! {
             outcome = tokio::time::timeout(period, heartbeat(&session.client, &session.credentials, options)) => outcome,
-            _ = &mut session.ended => return SessionEnd::Lost("lease session dropped"),
+            _ = &mut session.ended => return SessionEnd::Lost("its lease session to the database was lost"),
             _ = shutdown.changed() => return SessionEnd::Shutdown,
         };
         crate::metrics::heartbeat(started.elapsed(), matches!(outcome, Ok(Ok(Some(())))));
@@ -180,13 +183,17 @@ async fn heartbeat_until_end(
                 }
             }
             Ok(Ok(None)) => {
-                return SessionEnd::Lost("heartbeat found the incarnation expired or replaced")
+                return SessionEnd::Lost(
+                    "the database expired its lease: no heartbeat reached it within the ttl",
+                )
             }
             Ok(Err(error)) if read_only(&error) => {
                 // The server is (or became) a standby: no heartbeat can succeed there, and
                 // waiting a ttl for it would only delay re-registering on the primary.
                 warn!(%error, "heartbeat found the server read-only");
-                return SessionEnd::Lost("the lease session's server is read-only (a standby)");
+                return SessionEnd::Lost(
+                    "its lease session's server became read-only (a standby: a failover)",
+                );
             }
             Ok(Err(error)) => {
                 warn!(%error, "heartbeat failed");
@@ -204,7 +211,7 @@ async fn heartbeat_until_end(
         // The database has expired this incarnation by now unless a renewal got through that
         // we never heard of; a session that cannot answer for a whole ttl is replaced.
         if started.duration_since(last_success) > options.ttl {
-            return SessionEnd::Lost("lease session unresponsive for a whole ttl");
+            return SessionEnd::Lost("its lease session did not answer for a whole ttl");
         }
     }
 }

@@ -76,10 +76,7 @@ pub(crate) async fn open(
                 .await
             }
         },
-        Err(_) => Err(Error::OpenTimeout {
-            tenant: id.clone(),
-            timeout,
-        }),
+        Err(_) => Err(Error::open_timeout(id.clone(), timeout)),
     };
     release_gate(shared, id, &gate);
     crate::metrics::open_finished(started.elapsed(), result.is_ok());
@@ -144,10 +141,7 @@ async fn bounded(
     match tokio::time::timeout(timeout, rx).await {
         Ok(Ok(result)) => result,
         // The task ended without answering (it panicked), or the bound passed.
-        Ok(Err(_)) | Err(_) => Err(Error::OpenTimeout {
-            tenant: id.clone(),
-            timeout: shared.options.open_timeout,
-        }),
+        Ok(Err(_)) | Err(_) => Err(Error::open_timeout(id.clone(), shared.options.open_timeout)),
     }
 }
 
@@ -179,10 +173,7 @@ pub(crate) async fn wait_for(
         };
         let now = Instant::now();
         if deadline.is_some_and(|deadline| now >= deadline) {
-            return Err(Error::OpenTimeout {
-                tenant: id.clone(),
-                timeout,
-            });
+            return Err(Error::open_timeout(id.clone(), timeout));
         }
         let wake = now + pause.min(LONGEST_PAUSE);
         let wake = deadline.map_or(wake, |deadline| wake.min(deadline));

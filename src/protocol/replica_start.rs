@@ -125,14 +125,14 @@ impl LeaseSession {
         let (incarnation, secret, registered_at) = match registered {
             Ok(registered) => registered?,
             Err(_) => {
-                return Err(Error::ConnectTimeout {
-                    context: format!(
+                return Err(Error::connect_timeout(
+                    format!(
                         "register replica {} on its lease session ({})",
                         options.replica_id,
                         crate::connect::target(&host)
                     ),
-                    timeout: bound,
-                })
+                    bound,
+                ))
             }
         };
         Ok(LeaseSession {
@@ -333,6 +333,8 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
 pub(crate) fn begin_incarnation(shared: &Shared, session: &LeaseSession) {
     let options = &shared.options;
     let incarnation = session.incarnation();
+    // How the previous incarnation ended no longer explains anything.
+    *crate::sync::lock(&shared.down_reason) = None;
     shared.liveness.begin(
         session.credentials.clone(),
         session.registered_at + options.ttl - options.effective_margin(),

@@ -54,6 +54,12 @@ pub(crate) struct Shared {
     pub(crate) acquiring: AtomicUsize,
     pub(crate) acquired: Notify,
     pub(crate) closed: AtomicBool,
+    /// Set when the last `Router` clone was dropped: nothing registers again, and the handles
+    /// say so ([`Error::RouterClosed`]) rather than "registering again".
+    pub(crate) dropped: AtomicBool,
+    /// How the last incarnation ended, in the words [`Error::ReplicaDown`] gives the caller,
+    /// and how long this process did not run before, when that is why.
+    pub(crate) down_reason: Mutex<Option<(String, Option<Duration>)>>,
     /// Why the last re-registration failed, while the replica is not registered.
     pub(crate) registration: Mutex<Option<RegistrationFailure>>,
     /// The fencing in force, and why session fencing could not hold when it fell back.
@@ -95,6 +101,8 @@ impl Shared {
             acquiring: AtomicUsize::new(0),
             acquired: Notify::new(),
             closed: AtomicBool::new(false),
+            dropped: AtomicBool::new(false),
+            down_reason: Mutex::new(None),
             registration: Mutex::new(None),
             fencing,
             fencing_fallback,
@@ -107,18 +115,44 @@ impl Shared {
     /// The current incarnation's credentials, or `ReplicaDown` between incarnations: what a
     /// new lease (an acquisition, a restore) is taken with.
     pub(crate) fn current_credentials(&self) -> Result<Arc<Credentials>> {
+        if self.dropped.load(Ordering::Acquire) {
+            return Err(Error::RouterClosed);
+        }
         self.liveness
             .credentials()
-            .ok_or_else(|| Error::ReplicaDown {
-                replica_id: self.options.replica_id.clone(),
-            })
+            .ok_or_else(|| self.replica_down(None))
+    }
+
+    /// [`Error::ReplicaDown`] with how the last incarnation ended as this process knows it, or
+    /// `fallback` (what the database said) when it knows nothing.
+    pub(crate) fn replica_down(&self, fallback: Option<&str>) -> Error {
+        let (reason, stalled) = lock(&self.down_reason).clone().unwrap_or_else(|| {
+            let reason =
+                fallback.unwrap_or("it is registering a new incarnation with the database");
+            match crate::stall::recent() {
+                Some(stalled) => (
+                    format!("{stalled}, and meanwhile {reason}"),
+                    Some(stalled.0),
+                ),
+                None => (reason.to_owned(), None),
+            }
+        });
+        Error::ReplicaDown {
+            replica_id: self.options.replica_id.clone(),
+            reason,
+            stalled,
+        }
     }
 
     /// `ReplicaDown` says "registering again"; when only someone's action will end that (a
-    /// newer control plane, say), the cause itself is the truer answer.
+    /// newer control plane, say), the cause itself is the truer answer; when the router was
+    /// dropped, nothing registers again.
     pub(crate) fn explain_down(&self, error: Error) -> Error {
         if !matches!(error, Error::ReplicaDown { .. }) {
             return error;
+        }
+        if self.dropped.load(Ordering::Acquire) {
+            return Error::RouterClosed;
         }
         lock(&self.registration)
             .as_ref()
@@ -250,8 +284,17 @@ impl Shared {
         .await;
     }
 
-    /// Every lease of the current incarnation is gone for good.
+    /// Every lease of the current incarnation is gone for good. `reason` says why, in words for
+    /// the caller of a refused open ([`Error::ReplicaDown`]); when this process did not run just
+    /// before, that is said first, as the likely cause.
     pub(crate) fn lose_incarnation(&self, reason: &str) {
+        let stalled = crate::stall::recent();
+        let reason = match stalled {
+            Some(stalled) => format!("{stalled}, and meanwhile {reason}"),
+            None => reason.to_owned(),
+        };
+        *lock(&self.down_reason) = Some((reason.clone(), stalled.map(|stalled| stalled.0)));
+        let reason = reason.as_str();
         self.liveness.end();
         let lost: Vec<Arc<HandleInner>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
         crate::metrics::leases_held(&self.options.replica_id, 0);
@@ -484,7 +527,15 @@ impl HandleInner {
         Ok(())
     }
 
+    /// Whether this handle's router is gone for good (dropped without `close()`).
+    fn router_dropped(&self) -> bool {
+        self.router.dropped.load(Ordering::Acquire)
+    }
+
     fn refuse(self: &Arc<Self>, refusal: Refusal) -> Error {
+        if self.router_dropped() && !matches!(refusal, Refusal::Ended("forgotten")) {
+            return Error::RouterClosed;
+        }
         match refusal {
             Refusal::Draining => Error::Draining {
                 tenant: self.id.clone(),
@@ -497,6 +548,7 @@ impl HandleInner {
             Refusal::Expired => Error::ExpiredLocally {
                 tenant: self.id.clone(),
                 epoch: self.epoch,
+                stalled: crate::stall::recent().map(|stalled| stalled.0),
             },
         }
     }

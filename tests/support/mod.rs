@@ -44,7 +44,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 12] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 13] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -92,6 +92,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 12] = [
     (
         "V12__tenant_boundary",
         include_str!("../../migrations/V12__tenant_boundary.sql"),
+    ),
+    (
+        "V13__first_day",
+        include_str!("../../migrations/V13__first_day.sql"),
     ),
 ];
 
@@ -730,6 +734,88 @@ pub(crate) struct History {
     pub(crate) ended: Option<std::time::Instant>,
     /// Every acknowledged write: when its reply came, which replica, which ledger.
     pub(crate) acks: Vec<(std::time::Instant, String, String)>,
+    /// The tenant and replica states the views showed while the run went on, as
+    /// `tenant-state/replica-state` pairs (`-` for a tenant without an owner), and how often
+    /// the views were read.
+    pub(crate) states_seen: std::collections::BTreeSet<String>,
+    pub(crate) views_read: u32,
+    /// Where `lease_status` and `replica_status` told different stories, read after read.
+    pub(crate) disagreements: Vec<String>,
+}
+
+/// Where `lease_status`, `replica_status` and the fleet's counts tell different stories
+/// (issue 27): each tenant with an owner against its owner's `replica_status` row (see
+/// `TenantState`'s table), `owner_alive` and `expires_in` against the state, and each
+/// replica's `tenants_held` against the tenants `lease_status` gives its incarnation. One
+/// statement, so one `now()`; `pg_locks` is read once per view, so a lease session that ends
+/// between the two reads can differ once (callers read again).
+const VIEWS_DISAGREE_SQL: &str = "
+SELECT l.tenant || ': ' || l.state || ' (owner ' || coalesce(l.owner, '-') || ' incarnation '
+       || coalesce(l.owner_incarnation::text, '-') || ', owner_alive '
+       || coalesce(l.owner_alive::text, '-') || ', expires_in '
+       || coalesce(l.expires_in::text, '-') || ') beside replica_status '
+       || coalesce(r.replica_id || ' ' || r.state || ' incarnation ' || r.incarnation, 'none')
+  FROM pgtenant.lease_status l
+  LEFT JOIN pgtenant.replica_status r ON r.replica_id = l.owner
+ WHERE NOT coalesce(CASE l.state
+     WHEN 'held' THEN r.state = 'alive' AND r.incarnation = l.owner_incarnation
+                      AND l.owner_alive AND l.expires_in IS NOT NULL
+     WHEN 'stalled' THEN r.state IN ('stalled', 'sealed') AND r.lock_held
+                         AND r.incarnation = l.owner_incarnation AND NOT l.owner_alive
+                         AND l.expires_in = interval '0'
+     WHEN 'owner_gone' THEN r.state IN ('gone', 'sealed', 'released') AND NOT r.lock_held
+                            AND r.incarnation = l.owner_incarnation AND NOT l.owner_alive
+                            AND l.expires_in IS NULL
+     WHEN 'owner_reregistered' THEN r.incarnation > l.owner_incarnation AND NOT l.owner_alive
+                                    AND l.expires_in IS NULL
+     ELSE l.owner IS NULL OR l.state = 'quarantined'
+   END, false)
+UNION ALL
+SELECT 'replica ' || r.replica_id || ' (' || r.state || '): tenants_held ' || r.tenants_held
+       || ', lease_status gives its incarnation ' || count(l.tenant)
+  FROM pgtenant.replica_status r
+  LEFT JOIN pgtenant.lease_status l ON l.owner = r.replica_id AND l.owner_incarnation = r.incarnation
+ GROUP BY r.replica_id, r.state, r.tenants_held
+HAVING r.tenants_held <> count(l.tenant)
+UNION ALL
+SELECT 'fleet_status ' || f.key || ' ' || f.value || ', lease_status ' || coalesce(c.n, 0)
+  FROM jsonb_each_text((SELECT s.fleet FROM pgtenant.status_report(0) s)) f
+  LEFT JOIN (SELECT state, count(*) AS n FROM pgtenant.lease_status GROUP BY state) c
+         ON c.state = f.key
+ WHERE f.key IN ('held', 'stalled', 'owner_gone', 'owner_reregistered', 'free', 'reserved',
+                 'quarantined', 'forgotten')
+   AND f.value::bigint <> coalesce(c.n, 0)";
+
+/// The states the views show now, as `tenant-state/replica-state` pairs.
+const STATE_PAIRS_SQL: &str = "
+SELECT DISTINCT l.state || '/' || coalesce(r.state, '-')
+  FROM pgtenant.lease_status l
+  LEFT JOIN pgtenant.replica_status r ON r.replica_id = l.owner";
+
+/// Reads the views and returns where they disagree, after up to three reads in a row (a
+/// disagreement that a lease session ending between the views' two reads of `pg_locks` made
+/// does not survive a second read); None when the session could not read them (a restart).
+pub(crate) async fn views_disagree(client: &tokio_postgres::Client) -> Option<Vec<String>> {
+    let mut last = Vec::new();
+    for _ in 0..3 {
+        let rows = client.query(VIEWS_DISAGREE_SQL, &[]).await.ok()?;
+        last = rows.iter().map(|row| row.get(0)).collect();
+        if last.is_empty() {
+            break;
+        }
+    }
+    Some(last)
+}
+
+/// Asserts that `lease_status`, `replica_status` and the fleet's counts agree
+/// ([`views_disagree`]).
+pub(crate) async fn assert_views_agree(client: &tokio_postgres::Client) {
+    let disagreements = views_disagree(client).await.expect("read the views");
+    assert!(
+        disagreements.is_empty(),
+        "the status views disagree:\n{}",
+        disagreements.join("\n")
+    );
 }
 
 /// The faults a history run injects, besides kills that respawn the same replica id and pauses
@@ -807,6 +893,7 @@ pub(crate) async fn run_history(
     let faults_until = started + fault_phase;
     let end = faults_until + quiet_phase;
     let mut faults_ended = started;
+    let mut next_view_read = started;
     // Crash restarts at a third and two thirds of the fault phase; the failover at half.
     let mut restarts_at: Vec<std::time::Instant> = match faults.restarts {
         Some(_) => vec![started + fault_phase / 3, started + fault_phase * 2 / 3],
@@ -836,6 +923,21 @@ pub(crate) async fn run_history(
             admin = admin_session(url).await;
         }
         let faulting = now < faults_until;
+        // The views, read as an operator would at any moment of the run (issue 27): every
+        // 100 ms, which leaves the replicas' own work the most of the database.
+        let reader = admin.as_ref().filter(|client| !client.is_closed());
+        if let Some(client) = reader.filter(|_| now >= next_view_read) {
+            next_view_read = now + Duration::from_millis(100);
+            if let Some(found) = views_disagree(client).await {
+                history.views_read += 1;
+                history.disagreements.extend(found);
+                if let Ok(rows) = client.query(STATE_PAIRS_SQL, &[]).await {
+                    history
+                        .states_seen
+                        .extend(rows.iter().map(|row| row.get::<_, String>(0)));
+                }
+            }
+        }
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
@@ -991,6 +1093,25 @@ pub(crate) async fn run_history(
 }
 
 impl History {
+    /// The operator's view of the run (issue 27): `lease_status`, `replica_status` and the
+    /// fleet's counts agreed at every read, whatever state the faults left.
+    pub(crate) fn assert_views_agreed(&self) {
+        println!(
+            "views: read {} times; tenant/replica states seen: {}",
+            self.views_read,
+            self.states_seen
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        assert!(
+            self.disagreements.is_empty(),
+            "the status views disagreed during the run:\n{}",
+            self.disagreements.join("\n")
+        );
+    }
+
     /// The liveness half of the verdict (DESIGN G9): every replica id acknowledged writes in the
     /// last third of the run; each served again within [`SERVE_AGAIN_BOUND`] of the last fault's
     /// end; every shared ledger was written after it; and no stretch of the run went without an
@@ -1109,6 +1230,7 @@ pub(crate) async fn history_test(
     checker: &str,
 ) -> (History, usize) {
     let history = run_history(child, url, names, ledgers, seed, faults).await;
+    history.assert_views_agreed();
     history.assert_live(names, ledgers);
     let total = check_all(&history, url, checker, names, ledgers).await;
     (history, total)

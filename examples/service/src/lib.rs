@@ -17,7 +17,12 @@
 //! A request for a tenant that this replica does not serve opens it here when it is free; when
 //! another replica holds it, the answer is 409 with the owner, so a load balancer (or the
 //! client) can go there. Errors map to statuses by [`pgtenant::Error::kind`]: 503 with
-//! `Retry-After` for everything that passes by itself.
+//! `Retry-After` for everything that passes by itself. Bodies speak to the HTTP client (what
+//! happened to its request, what to do); the full error, for the operator, goes to the log
+//! (standard error).
+//!
+//! One error type, `ApiError`, with one conversion from pgtenant (`From<pgtenant::Error>`):
+//! every pgtenant call returns [`pgtenant::Error`], the statements run through a handle too.
 //!
 //! [`serve`] runs the service until its shutdown future resolves, then stops accepting
 //! connections, lets the requests in flight finish, and only then closes the router, which
@@ -134,7 +139,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .map_err(IntoResponse::into_response)?;
         TenantId::new(&org, &ledger)
             .map(Tenant)
-            .map_err(|invalid| ApiError::from(Error::from(invalid)).into_response())
+            .map_err(|invalid| ApiError::from(invalid).into_response())
     }
 }
 
@@ -313,12 +318,16 @@ async fn render_metrics(State(app): State<App>) -> impl IntoResponse {
     )
 }
 
-/// What a handler can fail with, as an HTTP response.
+/// What a handler can fail with, as an HTTP response: pgtenant's error (one `From`), or the
+/// service's own.
 enum ApiError {
+    /// Anything pgtenant returned.
     Pgtenant(Error),
     /// A handoff asked of a replica that does not hold the tenant.
     NotServedHere {
+        /// The tenant.
         tenant: TenantId,
+        /// This replica.
         replica: String,
     },
 }
@@ -329,10 +338,46 @@ impl From<Error> for ApiError {
     }
 }
 
-/// The guard API hands out the driver's transaction, whose errors are the driver's.
-impl From<pgtenant::postgres::Error> for ApiError {
-    fn from(error: pgtenant::postgres::Error) -> Self {
-        ApiError::Pgtenant(error.into())
+/// What happened to the request, told to the HTTP client (which knows nothing of pgtenant's
+/// API), and what to do about it.
+fn for_the_client(error: &Error) -> String {
+    let retry = "retry in a second";
+    match error {
+        Error::LeaseHeld { tenant, owner, .. } => format!(
+            "tenant {tenant} is served by replica {owner}: send the request there (or have it \
+             hand the tenant over: POST /tenants/{tenant}/handoff to replica {owner})"
+        ),
+        Error::TenantNotFound { tenant, reason, .. } => format!(
+            "tenant {tenant} does not exist ({reason}): create it with POST /tenants/{tenant}"
+        ),
+        Error::Draining { tenant, .. } => {
+            format!("tenant {tenant} is moving to another replica right now: {retry}")
+        }
+        Error::RouterClosed => format!("this replica is shutting down: {retry}, on another one"),
+        error if error.stalled().is_some() => format!(
+            "this replica was not running for {:.0} s (paused or starved of CPU) and is catching \
+             up: {retry}",
+            error.stalled().unwrap_or_default().as_secs_f64()
+        ),
+        Error::ReplicaDown { .. } | Error::ExpiredLocally { .. } => format!(
+            "this replica is renewing its lease with the database and serves again by itself: \
+             {retry}"
+        ),
+        error => match error.kind() {
+            ErrorKind::LeaseEnded => format!(
+                "this replica's lease on the tenant ended while the request ran (it moved to \
+                 another replica, or this one lost it); nothing of the request was kept: {retry}"
+            ),
+            ErrorKind::Busy => format!("this replica is busy: {retry}"),
+            ErrorKind::Unavailable => {
+                format!("this replica cannot reach its database right now: {retry}")
+            }
+            ErrorKind::Closed | ErrorKind::Replica => {
+                format!("this replica cannot serve right now: {retry}, on another one")
+            }
+            // Bad input, the tenant's own state, the ledger's rules: about the request itself.
+            _ => error.to_string(),
+        },
     }
 }
 
@@ -374,7 +419,12 @@ impl IntoResponse for ApiError {
             }
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
-        let mut body = json!({ "error": code, "message": error.to_string() });
+        if status.is_server_error() {
+            // The operator's story (what pgtenant was doing, the database's words); the client
+            // gets its own below.
+            eprintln!("{status}: {error}");
+        }
+        let mut body = json!({ "error": code, "message": for_the_client(&error) });
         if let Error::LeaseHeld {
             owner, owner_alive, ..
         } = &error

@@ -1,8 +1,9 @@
 //! `pgtenant-example-service`: one replica of the example HTTP service.
 //!
 //! ```sh
+//! createdb -h 127.0.0.1 -U postgres app   # once: the service sets up pgtenant in it
 //! cargo run -p pgtenant-example-service -- --database-url postgres://postgres@127.0.0.1/app \
-//!     --replica-id replica-a --listen 127.0.0.1:8080
+//!     --replica-id replica-a --listen 127.0.0.1:8080 --ttl 3s
 //! ```
 //!
 //! Stops on SIGTERM or ctrl-c: no new connections, the requests in flight finish, every tenant
@@ -18,16 +19,20 @@ use pgtenant_example_service::{install_metrics, router_options, serve};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "\
-usage: pgtenant-example-service [--database-url URL] [--replica-id ID] [--listen ADDR]
+usage: pgtenant-example-service [--database-url URL] [--replica-id ID] [--listen ADDR] [--ttl DURATION]
 
   --database-url URL  PostgreSQL, e.g. postgres://postgres@127.0.0.1/app  [env DATABASE_URL]
+                      (the database must exist: createdb -h 127.0.0.1 -U postgres app)
   --replica-id ID     unique among the live replicas                       [env REPLICA_ID, default service-<pid>]
-  --listen ADDR       address to serve HTTP on                             [env LISTEN, default 127.0.0.1:8080]";
+  --listen ADDR       address to serve HTTP on                             [env LISTEN, default 127.0.0.1:8080]
+  --ttl DURATION      the lease ttl, e.g. 3s or 500ms (1s to 1h): how long a stopped replica
+                      keeps its tenants before others take them over       [env TTL, default 10s]";
 
 struct Config {
     database_url: String,
     replica_id: String,
     listen: SocketAddr,
+    ttl: Option<Duration>,
 }
 
 #[tokio::main]
@@ -72,8 +77,22 @@ async fn run(config: Config) -> Result<CloseReport, Box<dyn std::error::Error>> 
     })?;
     // Idempotent and safe from many replicas starting at once; a deployment may instead run
     // `pgtenant setup` once before rolling out.
-    pgtenant::setup_url(&config.database_url).await?;
-    let router = Router::start(router_options(&config.replica_id, &config.database_url)?).await?;
+    pgtenant::setup_url(&config.database_url)
+        .await
+        .map_err(|error| match error.sqlstate() {
+            // 3D000: no such database. The service sets pgtenant up in it, but does not create it.
+            Some("3D000") => format!(
+                "{error}: create the database first (createdb, or CREATE DATABASE in psql), \
+                 then start the service again"
+            )
+            .into(),
+            _ => Box::<dyn std::error::Error>::from(error),
+        })?;
+    let mut options = router_options(&config.replica_id, &config.database_url)?;
+    if let Some(ttl) = config.ttl {
+        options = options.ttl(ttl);
+    }
+    let router = Router::start(options).await?;
     // Tests and scripts read this line to find the port of `--listen 127.0.0.1:0`.
     println!(
         "replica {} listening on http://{}",
@@ -148,6 +167,7 @@ impl Config {
         let mut database_url = std::env::var("DATABASE_URL").ok();
         let mut replica_id = std::env::var("REPLICA_ID").ok();
         let mut listen = std::env::var("LISTEN").ok();
+        let mut ttl = std::env::var("TTL").ok();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             if arg == "--help" || arg == "-h" {
@@ -161,6 +181,7 @@ impl Config {
                 "--database-url" => &mut database_url,
                 "--replica-id" => &mut replica_id,
                 "--listen" => &mut listen,
+                "--ttl" => &mut ttl,
                 other => return Err(format!("unknown argument {other:?}")),
             };
             let value = inline.or_else(|| args.next());
@@ -173,10 +194,32 @@ impl Config {
         let listen = listen.parse().map_err(|error| {
             format!("--listen {listen:?}: {error}; expected an address like 127.0.0.1:8080")
         })?;
+        let ttl = ttl.as_deref().map(parse_duration).transpose()?;
         Ok(Some(Config {
             database_url,
             replica_id: replica_id.unwrap_or_else(|| format!("service-{}", std::process::id())),
             listen,
+            ttl,
         }))
+    }
+}
+
+/// `3s`, `500ms`, `2m`, or a number of seconds. The range is the router's to check
+/// (`Router::start` says which values it takes).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, "s"), |at| text.split_at(at));
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("--ttl {text:?}: expected a duration like 3s, 500ms or 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(value)),
+        "s" => Ok(Duration::from_secs(value)),
+        "m" => Ok(Duration::from_secs(value.saturating_mul(60))),
+        _ => Err(format!(
+            "--ttl {text:?}: unknown unit {unit:?}; use ms, s or m (3s, 500ms, 2m)"
+        )),
     }
 }

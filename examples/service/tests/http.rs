@@ -218,11 +218,21 @@ async fn one_replica_serves_tenants_over_http_and_hands_them_off_on_shutdown() {
     assert_eq!(read["balance"], 100000 - 50000 - 450);
 
     // Errors by kind.
-    let invalid = a.post("/tenants/Acme/invoices", None).await;
+    let invalid = a.post("/tenants/_acme/invoices", None).await;
     assert_eq!(invalid.status, 400, "{invalid:?}");
     assert_eq!(invalid.json()["error"], "invalid_input");
     let missing = a.get("/tenants/acme/nothing-here/entries").await;
     assert_eq!(missing.status, 404, "{missing:?}");
+    assert!(
+        missing.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("POST /tenants/acme/nothing-here")),
+        "{missing:?}"
+    );
+    // A UUID is a tenant id as it is (forgotten again, so that only acme/invoices stays open).
+    let uuid = "/tenants/3f2c1a9e-8b7d-4c6e-9f1a-2b3c4d5e6f70/main";
+    assert_eq!(a.post(uuid, None).await.status, 200);
+    assert_eq!(a.delete(uuid).await.status, 200);
 
     // Forget: the tenant is gone, its schema in the trash.
     assert_eq!(a.post("/tenants/acme/scratch", None).await.status, 200);
@@ -253,8 +263,8 @@ async fn one_replica_serves_tenants_over_http_and_hands_them_off_on_shutdown() {
         .find_map(|line| line.strip_prefix("pgtenant_acquisitions_total "))
         .and_then(|value| value.parse::<f64>().ok());
     assert!(
-        acquisitions.is_some_and(|count| count >= 2.0),
-        "two tenants were acquired here:\n{}",
+        acquisitions.is_some_and(|count| count >= 3.0),
+        "three tenants were acquired here:\n{}",
         metrics.body
     );
 
@@ -349,6 +359,19 @@ async fn health_is_503_and_requests_say_retry_once_the_router_is_closed() {
     let refused = a.get("/tenants/acme/invoices/entries").await;
     assert_eq!(refused.status, 503, "{refused:?}");
     assert_eq!(refused.header("retry-after"), Some("1"));
+    // Told to the HTTP client, which knows nothing of pgtenant's API: what happened, what to do.
+    let message = refused.json()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("shutting down") && message.contains("retry"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("::") && !message.contains("Router") && !message.contains("Event"),
+        "{message}"
+    );
 
     // serve() closes the router again: idempotent, nothing more to report.
     let report = a.shut_down().await;
@@ -367,6 +390,7 @@ async fn the_binary_hands_its_tenants_off_on_sigterm() {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgtenant-example-service"))
         .args(["--database-url", db.url(), "--replica-id", "replica-bin"])
         .args(["--listen", "127.0.0.1:0"])
+        .env("TTL", "2s")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -391,6 +415,17 @@ async fn the_binary_hands_its_tenants_off_on_sigterm() {
         lease(&client, "acme/invoices").await.1.as_deref(),
         Some("replica-bin")
     );
+    // TTL=2s: the lease is renewed for 2 s at a time, not the default 10 s.
+    let left: i64 = client
+        .query_one(
+            "SELECT (extract(epoch FROM expires_in) * 1000)::bigint FROM pgtenant.lease_status
+              WHERE tenant = 'acme/invoices'",
+            &[],
+        )
+        .await
+        .expect("expires_in")
+        .get(0);
+    assert!(left <= 2000, "{left} ms left on a 2 s ttl");
 
     let pid = child.id().expect("running");
     // The shell's own `kill`: no procps needed on a minimal machine.
@@ -505,4 +540,24 @@ async fn shutdown_lets_a_request_in_flight_finish_before_handing_off() {
         .map(|row| row.get(0))
         .collect();
     assert_eq!(memos, ["in flight at shutdown"]);
+}
+
+/// `--ttl` takes a duration, and says what it expected when it gets something else.
+#[test]
+fn a_bad_ttl_is_refused_with_what_to_write() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_pgtenant-example-service"))
+        .args([
+            "--database-url",
+            "postgres://nobody@127.0.0.1:1/none",
+            "--ttl",
+            "3 hours",
+        ])
+        .output()
+        .expect("run the service binary");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--ttl") && stderr.contains("3s"),
+        "{stderr}"
+    );
 }

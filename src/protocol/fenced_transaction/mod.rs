@@ -74,8 +74,9 @@ const PIN_SQL: &str = "SELECT pg_catalog.set_config('search_path', $1, true), \
 /// The session reset, pipelined ahead of the pin when the connection changes tenant.
 const RESET_SQL: &str = "SELECT pgtenant.reset_session($1)";
 
-/// The transaction [`TenantHandle::run`](crate::TenantHandle::run) hands its work: derefs to
-/// the driver's [`Transaction`]. `'a` is what the work may borrow from its caller.
+/// The transaction [`TenantHandle::run`](crate::TenantHandle::run) hands its work: its
+/// statement methods (`execute`, `query`, …) return pgtenant's [`Error`], and it derefs to the
+/// driver's [`Transaction`] for the rest. `'a` is what the work may borrow from its caller.
 #[derive(Clone, Copy)]
 pub struct Tx<'t, 'a> {
     transaction: &'t Transaction<'t>,
@@ -587,9 +588,9 @@ impl TenantConnection {
 /// A fenced transaction, guard-style: derefs to the driver's [`Transaction`]; commits with
 /// [`TenantTransaction::commit`] and rolls back when dropped. Counts as work in flight.
 ///
-/// Statements run through the deref (`execute`, `query`, …) return the driver's
-/// [`tokio_postgres::Error`], not pgtenant's: `?` converts it into [`Error::Database`]
-/// (whose Display carries the server's SQLSTATE, message, detail and hint). The fence speaks
+/// Its statement methods (`execute`, `query`, …, in `handle/statements.rs`) return pgtenant's
+/// [`Error`] ([`Error::Database`], whose Display carries the server's SQLSTATE, message, detail
+/// and hint); the driver's own are reachable through the deref. The fence speaks
 /// through [`TenantConnection::begin`] and [`TenantTransaction::commit`]: a stale epoch is
 /// refused by `begin` ([`Error::Fenced`]), and a lease that moves while the transaction is
 /// open makes `commit` fail; an `Ok` from `commit` means committed under the lease.

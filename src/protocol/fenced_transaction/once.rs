@@ -84,8 +84,7 @@ where
         Box::pin(async move {
             if let Some(row) = tx
                 .query_opt(LOOKUP_SQL, &[&request])
-                .await
-                .map_err(Error::db("look up an idempotent request"))?
+                .await?
             {
                 return Err(Once::Replay(recorded(&row)?));
             }
@@ -96,22 +95,19 @@ where
             })?;
             let recorded_now = tx
                 .query_opt(RECORD_SQL, &[&request, &encoded, &epoch])
-                .await
-                .map_err(Error::db("record an idempotent request"))?;
+                .await?;
             if recorded_now.is_none() {
                 // A concurrent run of the same request committed first (the insert waited for
                 // it): this one rolls back and answers what that one did.
                 let row = tx
                     .query_one(LOOKUP_SQL, &[&request])
-                    .await
-                    .map_err(Error::db("look up an idempotent request"))?;
+                    .await?;
                 return Err(Once::Replay(recorded(&row)?));
             }
             if prune {
                 let millis = retention.as_secs_f64() * 1000.0;
                 tx.execute(PRUNE_SQL, &[&millis])
-                    .await
-                    .map_err(Error::db("delete expired idempotent requests"))?;
+                    .await?;
             }
             Ok(value)
         })
@@ -143,11 +139,7 @@ async fn ensure_table(handle: &Arc<HandleInner>) -> Result<()> {
         return Ok(());
     }
     run(handle, false, |tx| {
-        Box::pin(async move {
-            tx.batch_execute(CREATE_SQL)
-                .await
-                .map_err(Error::db("create the table of idempotent requests"))
-        })
+        Box::pin(async move { tx.batch_execute(CREATE_SQL).await })
     })
     .await?;
     handle.requests_table.store(true, Ordering::Release);

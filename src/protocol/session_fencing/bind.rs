@@ -33,9 +33,10 @@ pub(crate) async fn bound(
         return Ok(pid);
     }
     let down = || {
-        let down = Error::ReplicaDown {
-            replica_id: credentials.replica.clone(),
-        };
+        let down = shared.replica_down(Some(
+            "the database refused to bind a data session to its incarnation (sealed by a \
+             takeover, or no longer alive)",
+        ));
         bindings.lasting(&credentials.replica).unwrap_or(down)
     };
     if bindings.is_refused(credentials.registration) {
