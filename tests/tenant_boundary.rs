@@ -665,3 +665,38 @@ async fn custom_settings_prepared_statements_and_constraint_modes_do_not_cross_t
     assert_eq!(refused.sqlstate(), Some("23503"), "{refused}");
     router.close().await;
 }
+
+/// Found by the class search of issue 26: the session reset runs inside the next tenant's
+/// first transaction, after its `BEGIN`, so a default transaction isolation or deferrability
+/// one tenant's work set for the session shaped the next tenant's first transaction on that
+/// connection. `BEGIN` now says the connection's defaults explicitly.
+#[tokio::test]
+async fn transaction_characteristics_one_tenant_set_do_not_shape_the_next_tenants_transaction() {
+    let (db, _admin) = database().await;
+    let (router, one, two) = two_tenants_one_connection(&db).await;
+    work(
+        &one,
+        "SET default_transaction_isolation = 'serializable'; SET default_transaction_deferrable = on",
+    )
+    .await;
+    assert_eq!(
+        text(&two, "SHOW transaction_isolation").await,
+        "read committed"
+    );
+    work(
+        &one,
+        "SET default_transaction_isolation = 'repeatable read'",
+    )
+    .await;
+    let written = two
+        .run(|tx| {
+            Box::pin(async move {
+                let row = tx.query_one("SHOW transaction_isolation", &[]).await?;
+                Ok::<String, Error>(row.get(0))
+            })
+        })
+        .await
+        .expect("read-write run");
+    assert_eq!(written, "read committed");
+    router.close().await;
+}

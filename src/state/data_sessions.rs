@@ -25,6 +25,8 @@ struct Known {
     connection: PooledConnection,
     /// The transaction signal's reader; None: the connection keeps the marker cursor.
     signal: Option<Parameters>,
+    /// The transaction characteristics its session would reset to.
+    characteristics: Characteristics,
     /// The tenant whose session state alone may be on it.
     clean_for: Option<Arc<str>>,
     /// deadpool's checkout count when the data path last took it.
@@ -39,10 +41,22 @@ pub(crate) struct DataSessions {
     known: Mutex<HashMap<ObjectId, Known>>,
 }
 
+/// The characteristics a fenced transaction begins with, said explicitly in its `BEGIN`: the
+/// connection's defaults (startup options, role or database settings), never a session `SET`
+/// of an earlier tenant's work, which the session reset undoes only after `BEGIN`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Characteristics {
+    /// The default isolation level; None when the server named one this driver does not know.
+    pub(crate) isolation: Option<tokio_postgres::IsolationLevel>,
+    pub(crate) deferrable: bool,
+}
+
 /// How a transaction on one connection enters its tenant.
 pub(crate) struct Entered {
     /// Where the server reports the transaction's end; None: the marker cursor.
     pub(crate) signal: Option<Parameters>,
+    /// What its `BEGIN` says.
+    pub(crate) characteristics: Characteristics,
     /// Whether another user's session state may be on the connection: reset it first.
     pub(crate) reset: bool,
 }
@@ -71,11 +85,12 @@ impl DataSessions {
                 }
                 return Ok(Entered {
                     signal: entry.signal.clone(),
+                    characteristics: entry.characteristics,
                     reset,
                 });
             }
         }
-        let signal = probe(object).await?;
+        let (signal, characteristics) = probe(object).await?;
         let mut known = lock(&self.known);
         if known.len() > 64 && known.len().is_power_of_two() {
             known.retain(|_, entry| !entry.connection.is_gone());
@@ -85,6 +100,7 @@ impl DataSessions {
             Known {
                 connection: PooledConnection::of(object),
                 signal: signal.clone(),
+                characteristics,
                 clean_for: None,
                 checkout,
                 served: std::collections::HashSet::new(),
@@ -92,6 +108,7 @@ impl DataSessions {
         );
         Ok(Entered {
             signal,
+            characteristics,
             reset: true,
         })
     }
@@ -120,26 +137,48 @@ impl DataSessions {
     }
 }
 
-/// Whether this connection's server reports the transaction signal: the connection must be
-/// one pgtenant opened (its token finds the reader), report `on` now, `off` once a transaction
-/// set it for itself, and `on` again after that transaction. A pooler that forwards only some
-/// parameters, or a server before PostgreSQL 14, fails one of these: the marker cursor then.
-async fn probe(object: &Object) -> Result<Option<Parameters>> {
+/// What a connection's session defaults to, and whether its server reports the transaction
+/// signal: the connection must be one pgtenant opened (its token finds the reader), report `on`
+/// now, `off` once a transaction set it for itself, and `on` again after that transaction. A
+/// pooler that forwards only some parameters, or a server before PostgreSQL 14, fails one of
+/// these: the marker cursor then.
+async fn probe(object: &Object) -> Result<(Option<Parameters>, Characteristics)> {
     const CONTEXT: &str = "check what a data connection's server reports";
-    let token: Option<String> = object
+    let row = object
         .query_typed_one(
-            "SELECT pg_catalog.current_setting($1, true)",
+            "SELECT pg_catalog.current_setting($1, true),
+                    (SELECT reset_val FROM pg_catalog.pg_settings
+                      WHERE name = 'default_transaction_isolation'),
+                    (SELECT reset_val FROM pg_catalog.pg_settings
+                      WHERE name = 'default_transaction_deferrable')",
             &[(&TOKEN_SETTING, Type::TEXT)],
         )
         .await
-        .and_then(|row| row.try_get(0))
         .map_err(Error::db(CONTEXT))?;
+    let read = |row: &tokio_postgres::Row| -> std::result::Result<_, tokio_postgres::Error> {
+        Ok((
+            row.try_get::<_, Option<String>>(0)?,
+            row.try_get::<_, Option<String>>(1)?,
+            row.try_get::<_, Option<String>>(2)?,
+        ))
+    };
+    let (token, isolation, deferrable) = read(&row).map_err(Error::db(CONTEXT))?;
+    let characteristics = Characteristics {
+        isolation: match isolation.as_deref() {
+            Some("read committed") => Some(tokio_postgres::IsolationLevel::ReadCommitted),
+            Some("repeatable read") => Some(tokio_postgres::IsolationLevel::RepeatableRead),
+            Some("serializable") => Some(tokio_postgres::IsolationLevel::Serializable),
+            Some("read uncommitted") => Some(tokio_postgres::IsolationLevel::ReadUncommitted),
+            _ => None,
+        },
+        deferrable: deferrable.as_deref() == Some("on"),
+    };
     let Some(reader) = token.as_deref().and_then(crate::wire::find) else {
-        return Ok(None);
+        return Ok((None, characteristics));
     };
     let reported = |want: &str| reader(TRANSACTION_SIGNAL).as_deref() == Some(want);
     if !reported("on") {
-        return Ok(None);
+        return Ok((None, characteristics));
     }
     let (begun, set) = tokio::join!(
         object.batch_execute("BEGIN"),
@@ -156,7 +195,10 @@ async fn probe(object: &Object) -> Result<Option<Parameters>> {
         .await
         .map_err(Error::db(CONTEXT))?;
     set?;
-    Ok((during && reported("on")).then_some(reader))
+    Ok((
+        (during && reported("on")).then_some(reader),
+        characteristics,
+    ))
 }
 
 fn hash(tenant: &str) -> u64 {

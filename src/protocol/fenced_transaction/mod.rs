@@ -131,10 +131,11 @@ impl Entry {
     }
 }
 
-/// An entry and the commit check, prepared for this connection.
+/// An entry and the commit check, prepared for this connection, and what its `BEGIN` says.
 struct Entered {
     entry: Entry,
     check: Option<Statement>,
+    characteristics: crate::state::data_sessions::Characteristics,
 }
 
 /// Prepares this connection's entry: the fence, or the binding (once per connection and
@@ -177,7 +178,11 @@ async fn entry(
         }
     };
     let check = prepared(client, cached, CHECK_SQL, "prepare the commit check").await?;
-    Ok(Entered { entry, check })
+    Ok(Entered {
+        entry,
+        check,
+        characteristics: entered.characteristics,
+    })
 }
 
 /// `sql` prepared once per pooled connection (the server then neither parses nor plans it), or
@@ -308,31 +313,51 @@ async fn admit<'c>(
         backend,
     );
     handle.still_admitted()?;
-    let tx = begin(handle, object, state, read_only).await?;
+    let tx = begin(handle, object, state, read_only, entered.characteristics).await?;
     Ok((entered, tx))
 }
 
-/// Begins the transaction (`READ WRITE` or `READ ONLY` explicitly: data sessions default to
-/// read-only) within the stuck bound.
+/// Begins the transaction within the stuck bound, its characteristics said explicitly: `READ
+/// WRITE` or `READ ONLY` (data sessions default to read-only), and the connection's default
+/// isolation level and deferrability, so that a session `SET` an earlier tenant's work left
+/// (undone by the reset, which runs after `BEGIN`) never shapes this transaction.
 async fn begin<'c>(
     handle: &HandleInner,
     client: &'c mut tokio_postgres::Client,
     state: &mut SessionState,
     read_only: bool,
+    characteristics: crate::state::data_sessions::Characteristics,
 ) -> Result<Transaction<'c>> {
     let bound = handle.router.options.stuck_timeout;
-    match tokio::time::timeout(
-        bound,
-        client.build_transaction().read_only(read_only).start(),
-    )
-    .await
-    {
+    let mut builder = client
+        .build_transaction()
+        .read_only(read_only)
+        .deferrable(characteristics.deferrable);
+    if let Some(level) = characteristics.isolation {
+        builder = builder.isolation_level(level);
+    }
+    match tokio::time::timeout(bound, builder.start()).await {
         Ok(begun) => begun.map_err(Error::db("begin tenant transaction")),
         Err(_) => {
             state.stuck = true;
             Err(Error::stuck("begin tenant transaction", bound))
         }
     }
+}
+
+/// The entry (the fence, the pin, the session reset ahead of it) failed: a refusal of the
+/// epoch ends the tenure; anything else leaves the connection's session in doubt (a reset that
+/// an earlier tenant's `statement_timeout` cut short, say), so it is closed instead of pooled.
+fn entry_failed(
+    handle: &Arc<HandleInner>,
+    error: tokio_postgres::Error,
+    state: &mut SessionState,
+) -> Error {
+    let error = handle.refused(error, "fence tenant work");
+    if !matches!(error, Error::Fenced { .. } | Error::Forgotten { .. }) {
+        state.retire = true;
+    }
+    error
 }
 
 /// Commits, behind the commit check in the same flight, within the stuck bound. The session is
@@ -462,7 +487,7 @@ where
     );
     if let Err(error) = fenced {
         // The work saw an aborted transaction; the fence's refusal is the real story.
-        return Err(handle.refused(error, "fence tenant work").into());
+        return Err(entry_failed(handle, error, state).into());
     }
     let value = outcome?;
     commit(handle, tx, entered.check.as_ref(), state).await?;
@@ -572,7 +597,7 @@ impl TenantConnection {
         if let Err(error) = fence(&handle, &tx, &entered.entry, read_only).await {
             // The driver's transaction queues its ROLLBACK as it drops here.
             state.abandoned_before_commit();
-            return Err(handle.refused(error, "fence tenant work"));
+            return Err(entry_failed(&handle, error, state));
         }
         Ok(TenantTransaction {
             tx: Some(tx),
