@@ -83,6 +83,8 @@ pub(crate) async fn hand_off_all(shared: &Shared) -> CloseReport {
         }
     };
     join_all((0..options.close_concurrency).map(|_| lane())).await;
+    // Connections parked for tenants now handed off go back to the pool, to be closed with it.
+    shared.parking.clear();
     report
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -8,9 +8,11 @@
 //!   state: serving, draining, ended, the work in flight and its cancel tokens (`HandleInner`).
 //! * `bindings.rs`: session fencing's bookkeeping of bound connections.
 //! * `data_sessions.rs`: what the data path knows of each pooled connection.
+//! * `affinity.rs`: connections parked for the tenant they last served.
 //! * `releases.rs`: the one call of `pgtenant.release`, batched.
 //! * `leases.rs`: how a lease held here ends, whichever protocol ends it (`give_back`).
 
+pub(crate) mod affinity;
 pub(crate) mod bindings;
 pub(crate) mod credentials;
 pub(crate) mod data_sessions;

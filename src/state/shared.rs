@@ -22,6 +22,7 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::options::RouterOptions;
+use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
 use crate::state::credentials::{millis, Credentials};
 use crate::state::data_sessions::DataSessions;
@@ -69,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) bindings: Bindings,
     /// What the data path knows of each pooled connection (signal, tenant it is clean for).
     pub(crate) data_sessions: DataSessions,
+    /// Connections parked for the tenant they last served.
+    pub(crate) parking: Parking,
     /// Citus or not, and where new tenant schemas go (see `citus.rs`).
     pub(crate) placement: Placement,
 }
@@ -87,6 +90,7 @@ impl Shared {
         (fencing, fencing_fallback): (Mode, Option<String>),
     ) -> Shared {
         let (events, _) = broadcast::channel(EVENT_BUFFER);
+        let parking = Parking::new(pool.status().max_size);
         Shared {
             idle_timeout_ms: millis(options.ttl).to_string(),
             releases: ReleaseQueue::start(pool.clone()),
@@ -108,6 +112,7 @@ impl Shared {
             fencing_fallback,
             bindings: Bindings::default(),
             data_sessions: DataSessions::default(),
+            parking,
             placement: Placement::default(),
         }
     }
@@ -230,6 +235,30 @@ impl Shared {
 
     pub(crate) fn session_fencing(&self) -> bool {
         self.fencing == Mode::Session
+    }
+
+    /// A pooled data connection for `tenant`'s work: the one parked for it (clean for it: no
+    /// session reset), else an idle one of the pool, else, rather than wait while a connection
+    /// is idle, the one parked longest for another tenant, else wait for the pool.
+    pub(crate) async fn tenant_connection(
+        &self,
+        tenant: &str,
+    ) -> std::result::Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
+        if let Some(object) = self.parking.take(tenant) {
+            return Ok(object);
+        }
+        let now = deadpool_postgres::Timeouts {
+            wait: Some(Duration::ZERO),
+            ..self.pool.timeouts()
+        };
+        match self.pool.timeout_get(&now).await {
+            Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {}
+            got => return got,
+        }
+        if let Some(object) = self.parking.steal() {
+            return Ok(object);
+        }
+        self.pool.get().await
     }
 
     /// The pool's size, for bookkeeping sized by it.

@@ -441,8 +441,7 @@ where
     let in_flight = handle.begin_work()?;
     let object = handle
         .router
-        .pool
-        .get()
+        .tenant_connection(&handle.key)
         .await
         .map_err(pool_error("get a connection for tenant work"))?;
     // From here on, whatever happens to this future, the session settles before the work stops
@@ -539,8 +538,7 @@ impl TenantConnection {
         handle.admit()?;
         let object = handle
             .router
-            .pool
-            .get()
+            .tenant_connection(&handle.key)
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
         Ok(TenantConnection {

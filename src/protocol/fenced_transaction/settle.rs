@@ -162,8 +162,13 @@ impl Drop for WorkSession {
                 // Retired: its backend's catalog caches go with it. Or its backend may have been
                 // terminated (see maybe_terminated): closed rather than pooled.
                 drop(Object::take(object));
+            } else {
+                // Idle and clean for this tenant: parked for its next work (affinity.rs).
+                self.handle
+                    .router
+                    .parking
+                    .park(self.handle.key.clone(), object);
             }
-            // Otherwise back to the pool, idle.
         }
     }
 }
