@@ -31,6 +31,7 @@ pub struct RouterOptions {
     pub(crate) heartbeat_period: Option<Duration>,
     pub(crate) reconnect_backoff: (Duration, Duration),
     pub(crate) keepalive_idle: Duration,
+    pub(crate) tcp_user_timeout: Option<Duration>,
     pub(crate) host: Option<String>,
     pub(crate) drain_timeout: Duration,
     pub(crate) open_timeout: Duration,
@@ -98,6 +99,7 @@ impl std::fmt::Debug for RouterOptions {
             .field("margin", &self.effective_margin())
             .field("heartbeat_period", &self.effective_heartbeat_period())
             .field("connect_timeout", &self.effective_connect_timeout())
+            .field("tcp_user_timeout", &self.effective_tcp_user_timeout())
             .field("tls", &self.connector)
             .finish_non_exhaustive()
     }
@@ -145,6 +147,7 @@ impl RouterOptions {
             heartbeat_period: None,
             reconnect_backoff: (Duration::from_secs(1), Duration::from_secs(30)),
             keepalive_idle: Duration::from_secs(5),
+            tcp_user_timeout: None,
             host: None,
             drain_timeout: Duration::from_secs(30),
             open_timeout: Duration::from_secs(30),
@@ -452,6 +455,32 @@ impl RouterOptions {
         self
     }
 
+    /// How long a session pgtenant opens (the lease session, the default data-path pool's
+    /// connections) may leave data unacknowledged by the other end, or wait on a closed
+    /// window, before the kernel ends it: `TCP_USER_TIMEOUT` on pgtenant's sockets and the
+    /// server's `tcp_user_timeout` for the same sessions, with keepalives on both ends that
+    /// start probing within it (DESIGN G9). It bounds how long a partitioned or vanished
+    /// replica's sessions, their locks and its liveness lock outlive it, whatever was in
+    /// flight: PostgreSQL ends such a session within 2 × this + 2 s of the last packet from
+    /// the replica (usually within this of the first unanswered one), so a lost node's replica
+    /// id can register again on a new address within that. Without it, a session with data in
+    /// flight to a silent peer lives until the server's retransmissions give up
+    /// (`tcp_retries2`: about 15 minutes).
+    ///
+    /// Default: the connection string's `tcp_user_timeout` (seconds, as tokio-postgres reads
+    /// it) when it has one, else the ttl, at least 1 s: a replica silent for a ttl has lost its
+    /// leases anyway, so a shorter silence never ends a session whose lease still holds.
+    /// Range 1 s..=1 h (below a second, one lost packet, retransmitted after 200 ms, 400 ms and
+    /// 800 ms, would end the connection). It also ends a data session whose client stops
+    /// reading a result for this long while the server has more to send (Linux applies it to
+    /// zero-window probes). A pool given with [`RouterOptions::pool`] keeps its own settings:
+    /// give its connections the same (see the guide's "Detection bounds").
+    #[must_use]
+    pub fn tcp_user_timeout(mut self, timeout: Duration) -> Self {
+        self.tcp_user_timeout = Some(timeout);
+        self
+    }
+
     /// Whether every successful heartbeat (one per heartbeat period, ttl/3 by default) is
     /// published as [`Event::Renewed`](crate::Event::Renewed). Default false: a steady
     /// stream of them would crowd out the events subscribers act on. Failures
@@ -488,6 +517,28 @@ impl RouterOptions {
 
     pub(crate) fn effective_heartbeat_period(&self) -> Duration {
         self.heartbeat_period.unwrap_or(self.ttl / 3)
+    }
+
+    pub(crate) fn effective_tcp_user_timeout(&self) -> Duration {
+        self.tcp_user_timeout
+            .or(self.config.get_tcp_user_timeout().copied())
+            .unwrap_or(self.ttl.max(Duration::from_secs(1)))
+    }
+
+    /// The TCP bounds of every session pgtenant opens, for both ends (DESIGN G9).
+    pub(crate) fn tcp_bounds(&self) -> TcpBounds {
+        let user_timeout = self.effective_tcp_user_timeout();
+        // With TCP_USER_TIMEOUT set, Linux ends a connection whose keepalive probes went
+        // unanswered for the user timeout (the probe count no longer counts), so probes must
+        // start within it: a peer with nothing in flight is then dropped within the timeout
+        // plus one interval too. Whole seconds: the server's setting has no finer unit.
+        let idle = self.keepalive_idle.min(user_timeout).as_secs().max(1);
+        TcpBounds {
+            user_timeout,
+            keepalive_idle: Duration::from_secs(idle),
+            keepalive_interval: Duration::from_secs(2),
+            keepalive_retries: 3,
+        }
     }
 
     pub(crate) fn effective_connect_timeout(&self) -> Duration {
@@ -564,7 +615,20 @@ impl RouterOptions {
         )?;
         count_in_range("max_open_tenants", self.max_open_tenants, 1..=10_000_000)?;
         count_in_range("close_concurrency", self.close_concurrency, 1..=1024)?;
-        self.validate_config()
+        // After the connection string's own checks, which name a socket value no socket takes.
+        self.validate_config()?;
+        let from_url =
+            if self.tcp_user_timeout.is_none() && self.config.get_tcp_user_timeout().is_some() {
+                " (from the connection string's tcp_user_timeout, in seconds)"
+            } else {
+                " (at least a second: below, one lost packet would end a connection)"
+            };
+        in_range(
+            "tcp_user_timeout",
+            self.effective_tcp_user_timeout(),
+            Duration::from_secs(1)..=HOUR,
+            from_url,
+        )
     }
 
     /// What the connection string asks for that no connection could give.
@@ -666,6 +730,50 @@ impl RouterOptions {
             });
         }
         Ok(())
+    }
+}
+
+/// The TCP bounds of a session pgtenant opens, set on both ends: the client socket's options
+/// and the server session's settings (DESIGN G9: a partitioned or vanished peer's session,
+/// with its locks, ends within a bound whatever is in flight).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TcpBounds {
+    pub(crate) user_timeout: Duration,
+    pub(crate) keepalive_idle: Duration,
+    pub(crate) keepalive_interval: Duration,
+    pub(crate) keepalive_retries: u32,
+}
+
+impl TcpBounds {
+    /// Sets the bounds on pgtenant's end of a connection made from `config`.
+    pub(crate) fn client(&self, config: &mut tokio_postgres::Config) {
+        config
+            .keepalives(true)
+            .keepalives_idle(self.keepalive_idle)
+            .keepalives_interval(self.keepalive_interval)
+            .keepalives_retries(self.keepalive_retries)
+            .tcp_user_timeout(self.user_timeout);
+    }
+
+    /// The server's end: `(setting, value)` for `SET` or a startup option `-c setting=value`
+    /// (`tcp_user_timeout` in milliseconds, keepalives in seconds, the server's units). The
+    /// server applies them to TCP sessions only.
+    pub(crate) fn server_settings(&self) -> [(&'static str, String); 4] {
+        [
+            (
+                "tcp_user_timeout",
+                self.user_timeout.as_millis().to_string(),
+            ),
+            (
+                "tcp_keepalives_idle",
+                self.keepalive_idle.as_secs().to_string(),
+            ),
+            (
+                "tcp_keepalives_interval",
+                self.keepalive_interval.as_secs().to_string(),
+            ),
+            ("tcp_keepalives_count", self.keepalive_retries.to_string()),
+        ]
     }
 }
 

@@ -111,7 +111,7 @@ async fn no_duration_or_count_panics_and_every_refusal_names_option_value_and_ra
     let (db, _client) = database().await;
     let url = db.url();
     type Set = fn(&str, Duration) -> RouterOptions;
-    let setters: [(&str, Set); 9] = [
+    let setters: [(&str, Set); 10] = [
         ("ttl", |url, d| options(url, "table").ttl(d)),
         ("margin", |url, d| options(url, "table").margin(d)),
         ("heartbeat_period", |url, d| {
@@ -129,6 +129,9 @@ async fn no_duration_or_count_panics_and_every_refusal_names_option_value_and_ra
         }),
         ("connect_timeout", |url, d| {
             options(url, "table").connect_timeout(d)
+        }),
+        ("tcp_user_timeout", |url, d| {
+            options(url, "table").tcp_user_timeout(d)
         }),
         // Socket timeouts far beyond what a socket takes must not panic in the driver either.
         ("config", |url, d| {

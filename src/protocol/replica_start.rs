@@ -37,9 +37,7 @@ pub(crate) async fn start(mut options: RouterOptions) -> Result<(Arc<Shared>, Le
     options.connector.timeout = options.effective_connect_timeout();
     let pool = match &options.pool {
         Some(pool) => {
-            if options.read_only_data_sessions {
-                crate::data_pool::check_read_only(pool).await?;
-            }
+            crate::data_pool::check_given_pool(pool, options.read_only_data_sessions).await?;
             pool.clone()
         }
         None => crate::data_pool::default_pool(&options)?,
@@ -78,12 +76,8 @@ impl LeaseSession {
         notices: broadcast::Sender<Notice>,
     ) -> Result<LeaseSession> {
         let mut config = options.config.clone();
-        config
-            .keepalives(true)
-            .keepalives_idle(options.keepalive_idle)
-            .keepalives_interval(Duration::from_secs(2))
-            .keepalives_retries(3)
-            .application_name(format!("pgtenant lease {}", options.replica_id));
+        options.tcp_bounds().client(&mut config);
+        config.application_name(format!("pgtenant lease {}", options.replica_id));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -208,20 +202,26 @@ async fn register(
     host: &tokio_postgres::Config,
     options: &RouterOptions,
 ) -> Result<(i64, String, Instant)> {
-    let idle = options.keepalive_idle;
-    // Server side keepalives too, so the server drops a vanished client's session (and its
-    // liveness lock) within idle + 2 s × 3, not the kernel's two hours. Session SETs are fine
-    // here: this connection is never pooled.
+    // The server's end of the TCP bounds too (DESIGN G9), so the server drops a vanished or
+    // partitioned client's session, and its liveness lock, within the bound whatever is in
+    // flight to it. Keepalives alone are not enough: they are suspended while data waits for
+    // an acknowledgement, and with a NOTIFY pending (this session LISTENs) the session lived
+    // until `tcp_retries2` gave up, ~950 s, refusing a respawn of the replica id all along.
+    // Session SETs are fine here: this connection is never pooled.
+    let bounds: String = options
+        .tcp_bounds()
+        .server_settings()
+        .iter()
+        .map(|(setting, value)| format!("SET {setting} = {value}; "))
+        .collect();
     client
-            .batch_execute(&format!(
-                "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
-                 SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0;
-                 SET default_transaction_read_only = off;
-                 LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}",
-                idle.as_secs().max(1)
-            ))
-            .await
-            .map_err(Error::db("configure the lease session"))?;
+        .batch_execute(&format!(
+            "{bounds}SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0;
+             SET statement_timeout = 0; SET default_transaction_read_only = off;
+             LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}"
+        ))
+        .await
+        .map_err(Error::db("configure the lease session"))?;
 
     // Before the control plane is read: behind a transaction pooler the check below could
     // fail on a prepared statement the pooler lost, hiding the real cause.

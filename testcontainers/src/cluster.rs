@@ -3,8 +3,8 @@
 use std::ffi::CString;
 use std::fmt;
 use std::fs;
-use std::io::{Read, Seek, SeekFrom};
-use std::net::TcpListener;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -94,6 +94,9 @@ pub(crate) struct Cluster {
     durability: Durability,
     /// Extra `-c name=value` server settings, after the test kit's own (so they win).
     settings: Vec<(String, String)>,
+    /// Addresses listened on besides 127.0.0.1, each with the prefix length of the network
+    /// whose clients it trusts (pg_hba.conf).
+    listen: Vec<(IpAddr, u8)>,
     postmaster: Mutex<Option<Child>>,
     /// Serializes stop and start, which each take several awaits.
     ops: tokio::sync::Mutex<()>,
@@ -131,7 +134,7 @@ impl Cluster {
         durability: Durability,
         settings: Vec<(String, String)>,
     ) -> Result<Cluster, TestkitError> {
-        Cluster::create(durability, settings, Populate::Initdb).await
+        Cluster::create(durability, settings, Vec::new(), Populate::Initdb).await
     }
 
     /// A streaming standby of `primary` (which must be running), made with `pg_basebackup -R`
@@ -143,12 +146,13 @@ impl Cluster {
         let populate = Populate::BaseBackup {
             primary_port: primary.port(),
         };
-        Cluster::create(Durability::Durable, settings, populate).await
+        Cluster::create(Durability::Durable, settings, Vec::new(), populate).await
     }
 
     async fn create(
         durability: Durability,
         settings: Vec<(String, String)>,
+        listen: Vec<(IpAddr, u8)>,
         populate: Populate,
     ) -> Result<Cluster, TestkitError> {
         let bindir = find_bindir().map_err(TestkitError::Cluster)?;
@@ -165,6 +169,7 @@ impl Cluster {
             run_as,
             durability,
             settings,
+            listen,
             postmaster: Mutex::new(None),
             ops: tokio::sync::Mutex::new(()),
             watchdog: Mutex::new(watchdog),
@@ -173,6 +178,7 @@ impl Cluster {
             Populate::Initdb => cluster.initdb().await?,
             Populate::BaseBackup { primary_port } => cluster.base_backup(primary_port).await?,
         }
+        cluster.trust_listened_networks()?;
         let mut attempt = 1;
         loop {
             let port = free_port()?;
@@ -205,8 +211,13 @@ impl Cluster {
     }
 
     pub(crate) fn url(&self, database: &str) -> String {
+        self.url_on(IpAddr::V4(Ipv4Addr::LOCALHOST), database)
+    }
+
+    pub(crate) fn url_on(&self, address: IpAddr, database: &str) -> String {
         format!(
-            "postgres://postgres@127.0.0.1:{}/{}",
+            "postgres://postgres@{}:{}/{}",
+            url_host(address),
             self.port(),
             encode_component(database.as_bytes())
         )
@@ -311,6 +322,36 @@ impl Cluster {
         )))
     }
 
+    /// `127.0.0.1` and every extra address, as `listen_addresses` takes them.
+    fn listen_addresses(&self) -> String {
+        std::iter::once("127.0.0.1".to_owned())
+            .chain(self.listen.iter().map(|(address, _)| address.to_string()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Trusts the clients of each extra address's network (initdb's pg_hba.conf trusts
+    /// loopback only).
+    fn trust_listened_networks(&self) -> Result<(), TestkitError> {
+        if self.listen.is_empty() {
+            return Ok(());
+        }
+        let path = self.data.join("pg_hba.conf");
+        let mut file = fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| TestkitError::io(format!("opening {}", path.display()), e))?;
+        for (address, prefix) in &self.listen {
+            writeln!(
+                file,
+                "host all all {}/{prefix} trust",
+                network(*address, *prefix)
+            )
+            .map_err(|e| TestkitError::io(format!("writing {}", path.display()), e))?;
+        }
+        Ok(())
+    }
+
     fn drop_privileges(&self, cmd: &mut Command) {
         if let Some(user) = &self.run_as {
             // std clears the supplementary groups when root sets a uid.
@@ -340,7 +381,8 @@ impl Cluster {
             .arg(port.to_string())
             .arg("-k")
             .arg(&self.dir)
-            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("listen_addresses={}", self.listen_addresses()))
             .args(["-c", "max_connections=200"]);
         if self.durability == Durability::Fast {
             cmd.args(["-c", "fsync=off"])
@@ -372,7 +414,23 @@ impl Cluster {
             )
         })?;
         *lock(&self.postmaster) = Some(child);
-        self.wait_ready(&log_path, log_offset).await
+        self.wait_ready(&log_path, log_offset).await?;
+        // With several addresses postgres starts when it could bind any one of them and only
+        // warns about the others: a cluster missing an address it was asked for is no use.
+        let log = read_log(&log_path, log_offset);
+        if log.contains("could not bind") || log.contains("could not create listen socket") {
+            if let Some(child) = lock(&self.postmaster).take() {
+                let _ = stop_child(child, libc::SIGQUIT);
+            }
+            if log.contains("in use") {
+                return Err(StartError::PortInUse(log));
+            }
+            return Err(StartError::Failed(TestkitError::Cluster(format!(
+                "postgres could not listen on every address of {}; its log:\n{log}",
+                self.listen_addresses()
+            ))));
+        }
+        Ok(())
     }
 
     /// Polls until the server accepts connections on its Unix socket, which
@@ -569,6 +627,29 @@ fn read_log(path: &Path, offset: u64) -> String {
     }
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// The network of `address` with a prefix of `prefix` bits (host bits cleared), as pg_hba.conf
+/// expects it.
+fn network(address: IpAddr, prefix: u8) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+        }
+    }
+}
+
+/// `address` as the host part of a URL (IPv6 in brackets).
+fn url_host(address: IpAddr) -> String {
+    match address {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
 }
 
 pub(crate) fn free_port() -> Result<u16, TestkitError> {
@@ -903,15 +984,34 @@ impl LocalCluster {
     pub async fn start_with_settings(
         settings: &[(&str, &str)],
     ) -> Result<LocalCluster, TestkitError> {
-        sweep::sweep_temp_dirs_once();
-        let settings = settings
+        settings
             .iter()
-            .map(|(name, value)| (name.to_string(), value.to_string()))
-            .collect();
-        Ok(LocalCluster {
-            inner: Arc::new(Cluster::start_with(Durability::Durable, settings).await?),
-            tls_root: None,
-        })
+            .fold(LocalCluster::builder(), |builder, (name, value)| {
+                builder.setting(name, value)
+            })
+            .start()
+            .await
+    }
+
+    /// A cluster with more than the defaults: server settings, and addresses to listen on
+    /// besides `127.0.0.1` (e.g. the host side of a network namespace's link, so that a process
+    /// inside the namespace reaches the server only through that link).
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), pgtenant_testkit::TestkitError> {
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// let link = IpAddr::V4(Ipv4Addr::new(10, 200, 0, 1)); // must exist on this machine
+    /// let cluster = pgtenant_testkit::LocalCluster::builder()
+    ///     .setting("log_connections", "on")
+    ///     .listen_on(link, 30) // trusts clients in 10.200.0.0/30
+    ///     .start()
+    ///     .await?;
+    /// let db = cluster.create_database().await?;
+    /// let url = cluster.url_on(link, db.name()); // postgres://postgres@10.200.0.1:PORT/…
+    /// # Ok(()) }
+    /// ```
+    pub fn builder() -> LocalClusterBuilder {
+        LocalClusterBuilder::default()
     }
 
     /// Like [`LocalCluster::start`], serving TLS with a certificate for `127.0.0.1` signed by a
@@ -993,6 +1093,20 @@ impl LocalCluster {
         self.inner.url(database)
     }
 
+    /// `postgres://postgres@ADDRESS:PORT/database`: the URL through one of the addresses the
+    /// cluster listens on ([`LocalClusterBuilder::listen_on`]; `127.0.0.1` always).
+    pub fn url_on(&self, address: IpAddr, database: &str) -> String {
+        self.inner.url_on(address, database)
+    }
+
+    /// Every address the server listens on: `127.0.0.1` first, then those given to
+    /// [`LocalClusterBuilder::listen_on`].
+    pub fn listen_addresses(&self) -> Vec<IpAddr> {
+        std::iter::once(IpAddr::V4(Ipv4Addr::LOCALHOST))
+            .chain(self.inner.listen.iter().map(|(address, _)| *address))
+            .collect()
+    }
+
     /// A fresh database on this cluster; its [`source`](TestDatabase::source)
     /// is [`Source::Initdb`]. It keeps the cluster alive until it is dropped.
     pub async fn create_database(&self) -> Result<TestDatabase, TestkitError> {
@@ -1032,10 +1146,75 @@ impl LocalCluster {
     }
 }
 
+/// How [`LocalCluster::builder`] starts a cluster: server settings and extra addresses.
+#[derive(Debug, Clone, Default)]
+pub struct LocalClusterBuilder {
+    settings: Vec<(String, String)>,
+    listen: Vec<(IpAddr, u8)>,
+}
+
+impl LocalClusterBuilder {
+    /// A server setting (`-c name=value` on the server's command line, after the test kit's
+    /// own, so it wins).
+    #[must_use]
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Listen on `address` too (it must be assigned to an interface of this machine when the
+    /// cluster starts), and trust the clients of its network `address/prefix_len` (trust
+    /// authentication, as on `127.0.0.1`). `127.0.0.1` is always listened on.
+    #[must_use]
+    pub fn listen_on(mut self, address: IpAddr, prefix_len: u8) -> Self {
+        self.listen.push((address, prefix_len));
+        self
+    }
+
+    /// initdb and start, as [`LocalCluster::start`]; returns once the server accepts
+    /// connections on every address.
+    ///
+    /// # Errors
+    /// [`TestkitError::Cluster`] for a prefix length longer than its address, an address the
+    /// server could not listen on (with the server's log), or the failures of
+    /// [`LocalCluster::start`].
+    pub async fn start(self) -> Result<LocalCluster, TestkitError> {
+        for (address, prefix) in &self.listen {
+            let bits = if address.is_ipv4() { 32 } else { 128 };
+            if *prefix > bits {
+                return Err(TestkitError::Cluster(format!(
+                    "listen_on({address}, {prefix}): an IPv{} prefix is at most {bits} bits",
+                    if address.is_ipv4() { 4 } else { 6 }
+                )));
+            }
+            if *address == IpAddr::V4(Ipv4Addr::LOCALHOST) || address.is_unspecified() {
+                return Err(TestkitError::Cluster(format!(
+                    "listen_on({address}, {prefix}): give an address of an interface of this \
+                     machine; 127.0.0.1 is always listened on, and a wildcard would expose the \
+                     trust-authenticated server on every interface"
+                )));
+            }
+        }
+        sweep::sweep_temp_dirs_once();
+        let cluster = Cluster::create(
+            Durability::Durable,
+            self.settings,
+            self.listen,
+            Populate::Initdb,
+        )
+        .await?;
+        Ok(LocalCluster {
+            inner: Arc::new(cluster),
+            tls_root: None,
+        })
+    }
+}
+
 impl fmt::Debug for LocalCluster {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalCluster")
             .field("port", &self.port())
+            .field("listen", &self.inner.listen)
             .field("data_dir", &self.inner.data)
             .field("bindir", &self.inner.bindir)
             .field("run_as", &self.inner.run_as.as_ref().map(|u| &u.name))

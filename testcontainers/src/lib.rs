@@ -71,7 +71,7 @@ pub use citus::{
     citus_installed, skip_without_citus, CitusCluster, DEFAULT_WORKERS, INSTALL_CITUS_HINT,
     REQUIRE_CITUS_ENV,
 };
-pub use cluster::LocalCluster;
+pub use cluster::{LocalCluster, LocalClusterBuilder};
 pub use database::{TestDatabase, TestRole};
 #[cfg(feature = "docker")]
 pub use docker::{

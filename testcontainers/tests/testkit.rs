@@ -1,7 +1,7 @@
 //! These tests talk to real PostgreSQL: whatever source `TestDatabase::create`
 //! finds (or `PGTENANT_TESTKIT` forces), and clusters made with initdb.
 
-use std::net::TcpStream;
+use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -287,6 +287,74 @@ async fn a_tls_cluster_refuses_unencrypted_connections_to_its_databases() {
         .unwrap()
         .tls_root_certificate()
         .is_none());
+}
+
+/// Extra addresses: the server listens on each and trusts its network, the URL names it, and
+/// an address the server cannot listen on or a prefix too long for its address is refused.
+#[tokio::test]
+async fn a_cluster_listens_on_the_addresses_it_is_given() {
+    // The whole of 127.0.0.0/8 is local on Linux: an address no other test listens on.
+    let extra = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    let cluster = LocalCluster::builder()
+        .setting("log_connections", "on")
+        .listen_on(extra, 8)
+        .start()
+        .await
+        .expect("a cluster on two addresses");
+    assert_eq!(
+        cluster.listen_addresses(),
+        [IpAddr::V4(Ipv4Addr::LOCALHOST), extra]
+    );
+    let db = cluster.create_database().await.expect("database");
+    let url = cluster.url_on(extra, db.name());
+    assert_eq!(
+        url,
+        format!(
+            "postgres://postgres@127.0.0.2:{}/{}",
+            cluster.port(),
+            db.name()
+        )
+    );
+    let (client, connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .expect("connect through the extra address");
+    tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT host(inet_server_addr()), current_setting('log_connections')",
+            &[],
+        )
+        .await
+        .expect("query");
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, String>(1)),
+        ("127.0.0.2".to_owned(), "on".to_owned())
+    );
+    let hba = std::fs::read_to_string(cluster.data_dir().join("pg_hba.conf")).expect("hba");
+    assert!(hba.contains("host all all 127.0.0.0/8 trust"), "{hba}");
+
+    let too_long = LocalCluster::builder()
+        .listen_on(extra, 33)
+        .start()
+        .await
+        .expect_err("a /33 is refused");
+    assert!(
+        too_long.to_string().contains("at most 32 bits"),
+        "{too_long}"
+    );
+    // TEST-NET-2: on no interface of this machine.
+    let absent = IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7));
+    let refused = LocalCluster::builder()
+        .listen_on(absent, 32)
+        .start()
+        .await
+        .expect_err("an address the server cannot listen on is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("could not listen on every address"),
+        "{refused}"
+    );
 }
 
 #[tokio::test]

@@ -2,6 +2,8 @@
 //! short leases, and replica child processes driven over a line protocol.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub(crate) mod netns;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::Duration;
@@ -216,7 +218,7 @@ pub(crate) async fn try_create_stamped_log(handle: &TenantHandle) -> pgtenant::R
 /// One log row; `seen_max_epoch` is the highest epoch committed before this write. Written as
 /// INSERT … SELECT, which Citus also runs on a distributed table (it refuses a subquery in
 /// VALUES).
-const APPEND_SQL: &str = "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
+pub(crate) const APPEND_SQL: &str = "INSERT INTO log (epoch, seq, writer, seen_max_epoch)
      SELECT $1::bigint, $2::bigint, $3::text, coalesce(max(epoch), 0) FROM log";
 
 /// A single bigint from a read-only fenced query.
@@ -260,7 +262,7 @@ const PREFIX: &str = "@@ ";
 
 impl ReplicaProcess {
     pub(crate) fn spawn(entry: &str, url: &str, replica: &str) -> ReplicaProcess {
-        ReplicaProcess::spawn_with(entry, url, replica, &[])
+        ReplicaProcess::spawn_in(entry, url, replica, None, &[])
     }
 
     /// Like [`ReplicaProcess::spawn`], with environment variables of its own (e.g.
@@ -271,7 +273,28 @@ impl ReplicaProcess {
         replica: &str,
         env: &[(&str, &str)],
     ) -> ReplicaProcess {
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        ReplicaProcess::spawn_in(entry, url, replica, None, env)
+    }
+
+    /// Like [`ReplicaProcess::spawn_with`], inside network namespace `namespace` when given
+    /// (`ip netns exec`, which execs in place: the pid is the replica's own).
+    pub(crate) fn spawn_in(
+        entry: &str,
+        url: &str,
+        replica: &str,
+        namespace: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> ReplicaProcess {
+        let binary = std::env::current_exe().expect("test binary");
+        let mut command = match namespace {
+            Some(namespace) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", namespace]).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let mut child = command
             .args([
                 entry,
                 "--exact",
@@ -310,6 +333,11 @@ impl ReplicaProcess {
 
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The reply already received, if any (None also when the process went away).
+    pub(crate) fn try_reply(&mut self) -> Option<String> {
+        self.lines.try_recv().ok()
     }
 
     /// The next reply, or None when the process went away.
@@ -561,13 +589,13 @@ fn bytes_of(row: String) -> std::io::Cursor<Vec<u8>> {
     std::io::Cursor::new(row.into_bytes())
 }
 
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{PREFIX}{line}");
     let _ = out.flush();
 }
 
-fn describe(error: &pgtenant::Error) -> String {
+pub(crate) fn describe(error: &pgtenant::Error) -> String {
     let debug = format!("{error:?}");
     let variant = debug
         .split([' ', '{', '('])
@@ -727,8 +755,11 @@ pub(crate) struct History {
     pub(crate) cuts: u32,
     /// Pauses that caught a replica in the middle of a large result or a COPY.
     pub(crate) stalls: u32,
+    /// The partitions of a run with [`Faults::partitions`].
+    pub(crate) partitions: Vec<netns::Cut>,
     /// When the run began, when its last fault ended (the last pause resumed, the last restart
-    /// or promotion done), and when it ended.
+    /// or promotion done, the last cut link healed and its work in flight answered), and when
+    /// it ended.
     pub(crate) started: Option<std::time::Instant>,
     pub(crate) faults_ended: Option<std::time::Instant>,
     pub(crate) ended: Option<std::time::Instant>,
@@ -830,12 +861,16 @@ pub(crate) struct Faults<'a> {
     /// One failover: the primary crashes and the standby is promoted (the run's URL names both).
     pub(crate) failover: Option<&'a pgtenant_testkit::StandbyPair>,
     /// The application's faults: half the writes have their future dropped after a random
-    /// 0–5 ms (before BEGIN, mid-work, or mid-COMMIT: each COMMIT sleeps up to 3 ms in a
+    /// 0–3 ms (before BEGIN, mid-work, or mid-COMMIT: each COMMIT sleeps up to 3 ms in a
     /// deferred trigger, see `try_create_stamped_log`).
     pub(crate) cancel: bool,
     /// Half the pauses catch the replica streaming a large result or in the middle of a COPY
     /// (its backend blocked sending, or waiting for data, inside a fenced transaction).
     pub(crate) stalls: bool,
+    /// Each replica in a network namespace of its own, its link cut silently for 0.5–3.5 s
+    /// (3 %, and at least every 3 s), half the time with a transaction open across the cut,
+    /// while another replica takes over a shared ledger it held ([`netns::PartitionFaults`]).
+    pub(crate) partitions: Option<&'a netns::Partitions>,
 }
 
 /// How long a history run injects faults, and how long it goes on without any: the quiet part
@@ -877,12 +912,19 @@ pub(crate) async fn run_history(
     mut seed: u64,
     faults: &Faults<'_>,
 ) -> History {
+    let spawn = |c: usize| match faults.partitions {
+        Some(partitions) => partitions.spawn(child, c, names[c]),
+        None => ReplicaProcess::spawn(child, url, names[c]),
+    };
     let mut children: Vec<ReplicaProcess> = Vec::new();
-    for name in names {
-        let mut process = ReplicaProcess::spawn(child, url, name);
+    for c in 0..names.len() {
+        let mut process = spawn(c);
         process.ready().await;
         children.push(process);
     }
+    let mut partitions = faults
+        .partitions
+        .map(|partitions| netns::PartitionFaults::new(partitions, ledgers));
     let own: Vec<String> = names.iter().map(|name| format!("{name}-own")).collect();
     let mut admin = admin_session(url).await;
     let mut paused_until: Vec<Option<std::time::Instant>> = vec![None; names.len()];
@@ -956,13 +998,20 @@ pub(crate) async fn run_history(
             paused_until[c] = None;
             faults_ended = std::time::Instant::now();
         }
+        if let Some(partitions) = partitions.as_mut() {
+            match partitions
+                .turn(c, &mut children[c], &mut history, faulting)
+                .await
+            {
+                netns::Turn::Skip => continue,
+                netns::Turn::Ended => faults_ended = std::time::Instant::now(),
+                netns::Turn::Go => {}
+            }
+        }
         let dice = if faulting { (seed >> 16) % 100 } else { 99 };
         match dice {
             0..=2 => {
-                let old = std::mem::replace(
-                    &mut children[c],
-                    ReplicaProcess::spawn(child, url, names[c]),
-                );
+                let old = std::mem::replace(&mut children[c], spawn(c));
                 old.kill();
                 children[c].ready().await;
                 history.kills += 1;
@@ -1016,6 +1065,15 @@ pub(crate) async fn run_history(
                     }
                 }
             }
+            26..=28 if partitions.is_some() => {
+                seq += 1;
+                if let Some(partitions) = partitions.as_mut() {
+                    let child = &mut children[c];
+                    partitions
+                        .cut(c, child, &own[c], seq, seed, &mut history)
+                        .await;
+                }
+            }
             8..=25 => {
                 let reply = children[c]
                     .request(&format!("open {ledger}"))
@@ -1032,7 +1090,9 @@ pub(crate) async fn run_history(
             _ => {
                 seq += 1;
                 let command = if faults.cancel && faulting && (seed >> 32).is_multiple_of(2) {
-                    format!("cut {ledger} {seq} {}", (seed >> 20) % 5000)
+                    // 0–3 ms: a fenced write here takes 1–6 ms, so most cuts land before the
+                    // reply, many of them mid-COMMIT (the trigger sleeps up to 3 ms).
+                    format!("cut {ledger} {seq} {}", (seed >> 20) % 3000)
                 } else {
                     format!("write {ledger} {seq}")
                 };
@@ -1085,6 +1145,9 @@ pub(crate) async fn run_history(
         if paused.is_some() {
             process.resume();
         }
+    }
+    if let Some(partitions) = partitions.as_mut() {
+        partitions.heal_all(&mut history);
     }
     history.started = Some(started);
     history.faults_ended = Some(faults_ended);
