@@ -468,19 +468,31 @@ fn paired(a: &[f64], b: &[f64]) -> f64 {
 }
 
 async fn start_router(url: &str, name: &str, clients: usize, session: bool) -> Router {
+    start_router_on(url, name, clients, session, None).await
+}
+
+/// A router on `pool` when given (the unfenced modes share it, so every mode runs on the same
+/// connections), else on a pool of its own.
+async fn start_router_on(
+    url: &str,
+    name: &str,
+    clients: usize,
+    session: bool,
+    pool: Option<Pool>,
+) -> Router {
     let fencing = if session {
         Fencing::Session
     } else {
         Fencing::Transaction
     };
-    let router = Router::start(
-        RouterOptions::from_url(name, url)
-            .expect("options")
-            .pool_size(clients)
-            .fencing(fencing),
-    )
-    .await
-    .expect("router starts");
+    let mut options = RouterOptions::from_url(name, url)
+        .expect("options")
+        .pool_size(clients)
+        .fencing(fencing);
+    if let Some(pool) = pool {
+        options = options.pool(pool);
+    }
+    let router = Router::start(options).await.expect("router starts");
     assert_eq!(router.summary().fencing, fencing, "fencing in force");
     router
 }
@@ -527,7 +539,28 @@ async fn bench_clients(
     throughput: bool,
 ) -> (Vec<ThroughputRow>, HygieneRow) {
     let session_router = start_router(url, &format!("tput-s-c{clients}"), clients, true).await;
-    let transaction_router = start_router(url, &format!("tput-t-c{clients}"), clients, false).await;
+    // The data sessions pgtenant asks for (read-only by default); the router checks that.
+    let mut config: pgtenant::postgres::Config = url.parse().expect("a connection string");
+    config.options("-c default_transaction_read_only=on");
+    let manager = pgtenant::pool::Manager::from_config(
+        config,
+        NoTls,
+        pgtenant::pool::ManagerConfig {
+            recycling_method: pgtenant::pool::RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(clients)
+        .build()
+        .expect("the shared data pool");
+    let transaction_router = start_router_on(
+        url,
+        &format!("tput-t-c{clients}"),
+        clients,
+        false,
+        Some(pool.clone()),
+    )
+    .await;
     let table = format!("baseline.tput_c{clients}");
     let shard = i32::try_from(clients).expect("shard id");
     admin
@@ -565,7 +598,7 @@ async fn bench_clients(
         session2: open_tenant(&session_router, &format!("s2-c{clients}")).await,
         transaction: open_tenant(&transaction_router, &format!("t-c{clients}")).await,
         transaction2: open_tenant(&transaction_router, &format!("t2-c{clients}")).await,
-        pool: transaction_router.pool().clone(),
+        pool,
         qualified: format!("INSERT INTO {table} (client_id, n) VALUES ($1, $2)").into(),
         unqualified: format!("INSERT INTO tput_c{clients} (client_id, n) VALUES ($1, $2)").into(),
         shard,
@@ -1509,7 +1542,7 @@ fn render(
          `Fencing::Session` (`BEGIN READ WRITE`, `SELECT pgtenant.enter(key, schema)` pipelined ahead of \
          the work, `CLOSE pgtenant_fenced; COMMIT`). **transaction**: the same on a router with \
          `Fencing::Transaction` (`pgtenant.fence(key, epoch, lock, idle)` instead of enter). The \
-         unfenced modes run on the transaction router's own data pool (`router.pool()`, same size, \
+         unfenced modes run on the transaction router's data pool (given to it with `RouterOptions::pool`, same size, \
          same connections, `BEGIN READ WRITE`): **pinned** pipelines a prepared \
          `set_config('search_path', 'baseline', true)` ahead of the INSERT into an unqualified table, \
          as any schema-per-tenant application must; **bare** inserts into the fully qualified table; \

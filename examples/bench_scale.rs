@@ -1311,7 +1311,7 @@ async fn backend_memory(url: &str, size: usize, version: usize, cfg: &Config) ->
 /// everything under it, and every context together. The view lists contexts depth first, so
 /// a context's descendants are the rows after it with a greater level.
 async fn read_memory(router: &Router, k: usize, pids: &mut Vec<i32>) -> MemoryRow {
-    let client = router.pool().get().await.expect("the data connection");
+    let client = router.connection().await.expect("the data connection");
     let rows = client
         .query(
             "SELECT name, level, total_bytes, pg_backend_pid() FROM pg_backend_memory_contexts",

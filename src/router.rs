@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tracing::{instrument, Instrument};
@@ -198,11 +197,30 @@ impl Router {
         self.shared().events.subscribe()
     }
 
-    /// The data-path pool, for work outside any tenant. Its sessions are read-only by default
-    /// (start a `READ WRITE` transaction to write) and may carry session state a tenant's
-    /// work left: never rely on session settings, and reset what you need.
-    pub fn pool(&self) -> &Pool {
-        &self.shared().pool
+    /// A data connection for work outside any tenant, with no tenant's session state on it:
+    /// the session reset that runs between tenants (`pgtenant.reset_session`: settings,
+    /// temporary tables, prepared statements, cursors, sequences' `lastval`, advisory locks,
+    /// LISTENs) runs on it first, so nothing a tenant's work left reaches this work (G6). Its
+    /// session is read-only by default: start a `READ WRITE` transaction to write. Give it back
+    /// by dropping it; the next tenant to get it resets it again.
+    ///
+    /// The pool itself is not handed out: a connection taken from it directly could carry the
+    /// last tenant's session state. An application that wants its own pool passes one to
+    /// [`RouterOptions::pool`](crate::RouterOptions::pool) and keeps it for untenanted work.
+    pub async fn connection(&self) -> Result<deadpool_postgres::Object> {
+        let shared = self.shared();
+        let client = shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("get a data connection outside any tenant"))?;
+        client
+            .batch_execute("SELECT pgtenant.reset_session(NULL)")
+            .await
+            .map_err(Error::db(
+                "reset a data connection for work outside any tenant",
+            ))?;
+        Ok(client)
     }
 
     /// The open handle of a tenant this replica serves, if any.

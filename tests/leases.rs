@@ -257,7 +257,7 @@ async fn fenced_work_is_pinned_to_the_tenant_and_leaves_pooled_connections_clean
     assert!(joined.is_err(), "the panic reaches the caller");
 
     // The pool's only connection: no open transaction, default search_path, no leftover rows.
-    let connection = router.pool().get().await.unwrap();
+    let connection = router.connection().await.unwrap();
     let row = connection
         .query_one(
             "SELECT pg_backend_pid(), current_setting('search_path'),
@@ -307,7 +307,7 @@ async fn a_stale_epoch_is_refused_by_the_database_itself() {
 
     // Hold the old owner's only pooled connection, so its next work waits for it after
     // passing the local checks…
-    let parked = old.pool().get().await.unwrap();
+    let parked = old.connection().await.unwrap();
     let pending = {
         let handle = handle.clone();
         tokio::spawn(async move { append(&handle, "stale-old", 1).await })

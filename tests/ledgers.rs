@@ -316,7 +316,7 @@ async fn forget_masks_the_epoch_moves_the_schema_to_trash_and_a_new_life_sees_no
     let old_schema = zombie.schema().to_owned();
 
     // A zombie: its next work has passed every local check and waits for a connection…
-    let parked = a.pool().get().await.unwrap();
+    let parked = a.connection().await.unwrap();
     let pending = {
         let zombie = zombie.clone();
         tokio::spawn(async move { support::append(&zombie, "a", 2).await })

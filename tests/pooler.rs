@@ -245,7 +245,7 @@ async fn the_data_path_works_behind_transaction_pooling() {
         .unwrap();
     assert_eq!(path, format!("{}, pg_temp", handle.schema()));
     // Outside a fenced transaction the pooled backends keep no tenant search_path.
-    let plain = router.pool().get().await.unwrap();
+    let plain = router.connection().await.unwrap();
     let outside: String = plain
         .query_one("SHOW search_path", &[])
         .await

@@ -12,9 +12,31 @@ use support::{database, options, tenant};
 async fn two_tenants_one_connection(
     db: &pgtenant_testkit::TestDatabase,
 ) -> (Router, TenantHandle, TenantHandle) {
-    let router = Router::start(options(db.url(), "boundary").pool_size(1))
-        .await
-        .expect("router");
+    two_tenants_on(options(db.url(), "boundary").pool_size(1)).await
+}
+
+/// The same on a pool of ONE read-only-by-default connection the test keeps a clone of, to
+/// look at the session between tenants' transactions.
+async fn two_tenants_on_a_kept_pool(
+    db: &pgtenant_testkit::TestDatabase,
+) -> (Router, TenantHandle, TenantHandle, pgtenant::pool::Pool) {
+    use pgtenant::pool::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    let mut config = db.config();
+    config.options("-c default_transaction_read_only=on");
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(1).build().expect("pool");
+    let (router, one, two) = two_tenants_on(options(db.url(), "boundary").pool(pool.clone())).await;
+    (router, one, two, pool)
+}
+
+async fn two_tenants_on(options: pgtenant::RouterOptions) -> (Router, TenantHandle, TenantHandle) {
+    let router = Router::start(options).await.expect("router");
     let one = router.open_or_create(&tenant("one")).await.expect("one");
     let two = router.open_or_create(&tenant("two")).await.expect("two");
     for (handle, name) in [(&one, "one"), (&two, "two")] {
@@ -401,7 +423,7 @@ async fn a_pool_whose_sessions_are_not_read_only_is_refused_at_start() {
 #[tokio::test]
 async fn session_characteristics_cannot_hide_the_end_of_the_fenced_transaction() {
     let (db, _admin) = database().await;
-    let (router, one, two) = two_tenants_one_connection(&db).await;
+    let (router, one, two, pool) = two_tenants_on_a_kept_pool(&db).await;
     let insert = format!(
         "INSERT INTO {}.accounts VALUES (20, 'escaped')",
         one.schema()
@@ -423,11 +445,8 @@ async fn session_characteristics_cannot_hide_the_end_of_the_fenced_transaction()
     );
     // The next tenant on the one connection finds the session read-only by default again.
     assert_eq!(count(&two, "SELECT count(*) FROM accounts").await, 1);
-    let client = router
-        .pool()
-        .get()
-        .await
-        .expect("the pool's one connection");
+    // (Inside a fenced transaction the pin sets it off locally: look between transactions.)
+    let client = pool.get().await.expect("the pool's one connection");
     let default: String = client
         .query_one("SHOW default_transaction_read_only", &[])
         .await
@@ -698,5 +717,58 @@ async fn transaction_characteristics_one_tenant_set_do_not_shape_the_next_tenant
         .await
         .expect("read-write run");
     assert_eq!(written, "read committed");
+    router.close().await;
+}
+
+/// Work outside any tenant (`Router::connection`) gets the data path's connection without the
+/// session state the last tenant's work left on it (G6): no session setting, temporary table,
+/// prepared statement, `lastval`, advisory lock or LISTEN.
+#[tokio::test]
+async fn work_outside_any_tenant_sees_nothing_a_tenant_left_on_the_session() {
+    let (db, _admin) = database().await;
+    let (router, one, _two) = two_tenants_one_connection(&db).await;
+    one.run(|tx| {
+        Box::pin(async move {
+            tx.batch_execute(
+                "SET SESSION application_name = 'tenant-one';
+                 CREATE TEMP TABLE leftover (x int);
+                 PREPARE leftover_statement AS SELECT 1;
+                 CREATE SEQUENCE IF NOT EXISTS counter;
+                 SELECT nextval('counter');
+                 SELECT pg_advisory_lock(4242);
+                 LISTEN tenant_one",
+            )
+            .await?;
+            Ok::<_, Error>(())
+        })
+    })
+    .await
+    .expect("the tenant's work");
+    let client = router
+        .connection()
+        .await
+        .expect("a connection outside any tenant");
+    let row = client
+        .query_one(
+            "SELECT current_setting('application_name'),
+                    pg_my_temp_schema() = 0 OR NOT EXISTS (
+                        SELECT 1 FROM pg_class WHERE relnamespace = pg_my_temp_schema()),
+                    (SELECT count(*) FROM pg_prepared_statements WHERE from_sql),
+                    (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+                    (SELECT count(*) FROM pg_listening_channels()),
+                    current_setting('default_transaction_read_only')",
+            &[],
+        )
+        .await
+        .expect("the session's state");
+    assert_ne!(row.get::<_, String>(0), "tenant-one", "a session setting");
+    assert!(row.get::<_, bool>(1), "a temporary table");
+    assert_eq!(row.get::<_, i64>(2), 0, "a prepared statement");
+    assert_eq!(row.get::<_, i64>(3), 0, "an advisory lock");
+    assert_eq!(row.get::<_, i64>(4), 0, "a LISTEN");
+    assert_eq!(row.get::<_, String>(5), "on", "read-only by default");
+    let lastval = client.query_one("SELECT lastval()", &[]).await;
+    assert!(lastval.is_err(), "lastval crossed: {lastval:?}");
+    drop(client);
     router.close().await;
 }
