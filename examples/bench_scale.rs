@@ -1091,7 +1091,7 @@ async fn status(
         q.behind = Some(code_version);
         list.push(("list_tenants --behind (none)", q));
         let mut q = TenantQuery::default();
-        q.owner = Some("fleet-r007".into());
+        q.owner = Some(pgtenant::ReplicaId::new("fleet-r007").expect("a replica id"));
         list.push(("list_tenants --owner", q));
         let mut q = TenantQuery::default();
         q.after = Some(near_end);

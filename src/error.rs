@@ -7,6 +7,7 @@ use std::borrow::Cow;
 
 use crate::id::{InvalidTenantId, TenantId};
 use crate::lease::Epoch;
+use crate::replica_id::ReplicaId;
 
 /// Everything that can go wrong in pgtenant.
 ///
@@ -118,7 +119,7 @@ pub enum Error {
     #[non_exhaustive]
     ReplicaIdInUse {
         /// The replica id.
-        replica_id: String,
+        replica_id: ReplicaId,
         /// The backend pid of the session holding the replica's liveness lock.
         holder_pid: i32,
         /// When that session started (database clock).
@@ -142,7 +143,7 @@ pub enum Error {
         /// The tenant.
         tenant: TenantId,
         /// The replica holding (or reserved) the tenant.
-        owner: String,
+        owner: ReplicaId,
         /// The tenant's current epoch.
         epoch: Epoch,
         /// Whether the owner was alive when asked.
@@ -237,7 +238,7 @@ pub enum Error {
     #[non_exhaustive]
     ReplicaDown {
         /// The replica id.
-        replica_id: String,
+        replica_id: ReplicaId,
         /// How its last incarnation ended, as far as this process knows.
         reason: String,
         /// How long this process itself did not run before the incarnation ended, when that
@@ -363,7 +364,7 @@ pub enum Error {
     #[non_exhaustive]
     NoSuchReplica {
         /// The replica named.
-        replica_id: String,
+        replica_id: ReplicaId,
         /// What the database says of it.
         message: String,
     },
@@ -417,7 +418,7 @@ pub enum Error {
     #[non_exhaustive]
     SessionsRefused {
         /// The replica id.
-        replica_id: String,
+        replica_id: ReplicaId,
         /// How many incarnations in a row were refused.
         incarnations: u32,
         /// The database's words (message and detail).

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use crate::id::TenantId;
 use crate::lease::{Epoch, Incarnation};
+use crate::replica_id::ReplicaId;
 
 /// Something that happened to a replica or one of its leases.
 ///
@@ -17,7 +18,7 @@ pub enum Event {
     /// The replica registered a new incarnation (at start and after its lease session dropped).
     Registered {
         /// The replica id.
-        replica: String,
+        replica: ReplicaId,
         /// The new incarnation.
         incarnation: Incarnation,
     },
@@ -28,7 +29,7 @@ pub enum Event {
         /// The new epoch.
         epoch: Epoch,
         /// The previous owner, when it was dead or stalled and its lease was broken.
-        took_over_from: Option<String>,
+        took_over_from: Option<ReplicaId>,
     },
     /// A tenant's schema was created (a new life).
     Created {
@@ -115,7 +116,7 @@ pub enum Event {
         /// The epoch handed off.
         epoch: Epoch,
         /// The replica it is reserved for, for a directed handoff.
-        to: Option<String>,
+        to: Option<ReplicaId>,
     },
     /// A handoff gave up waiting for work in flight; the tenant keeps serving here.
     DrainTimeout {
@@ -132,7 +133,7 @@ pub enum Event {
         /// The tenant.
         tenant: TenantId,
         /// The replica asking.
-        requester: String,
+        requester: ReplicaId,
         /// Whether the policy accepted it.
         accepted: bool,
     },

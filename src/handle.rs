@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::protocol::fenced_transaction::{TenantConnection, Tx};
+use crate::replica_id::ReplicaId;
 use crate::state::shared::HandleInner;
 use crate::sync::BoxFuture;
 
@@ -210,8 +211,8 @@ impl TenantHandle {
     /// # Errors
     /// [`Error::NoSuchReplica`] before anything changes when `replica` is not a registered,
     /// live replica; otherwise as [`TenantHandle::handoff`].
-    #[tracing::instrument(name = "pgtenant.handoff_to", skip_all, fields(tenant = %self.inner.id, epoch = %self.inner.epoch, to = replica))]
-    pub async fn handoff_to(&self, replica: &str) -> Result<()> {
+    #[tracing::instrument(name = "pgtenant.handoff_to", skip_all, fields(tenant = %self.inner.id, epoch = %self.inner.epoch, to = %replica))]
+    pub async fn handoff_to(&self, replica: &ReplicaId) -> Result<()> {
         crate::protocol::handoff::hand_over_to(&self.inner, replica).await
     }
 

@@ -73,6 +73,7 @@ mod migrate;
 mod options;
 mod protocol;
 mod refusal;
+mod replica_id;
 mod router;
 mod sqlstate;
 mod stall;
@@ -92,6 +93,7 @@ pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
 pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
+pub use replica_id::{ReplicaId, MAX_REPLICA_ID_LEN};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
 pub use sqlstate::{
     FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN, NOT_PRIMARY as SQLSTATE_NOT_PRIMARY,

@@ -9,6 +9,7 @@ use tokio_postgres::Socket;
 
 use crate::connect::Connector;
 use crate::error::{Error, Result};
+use crate::replica_id::ReplicaId;
 
 /// How a [`Router`](crate::Router) runs. Build with [`RouterOptions::new`] and the setters;
 /// [`Router::start`](crate::Router::start) validates every value before connecting.
@@ -22,7 +23,7 @@ use crate::error::{Error, Result};
 /// ```
 #[derive(Clone)]
 pub struct RouterOptions {
-    pub(crate) replica_id: String,
+    pub(crate) replica_id: ReplicaId,
     pub(crate) config: tokio_postgres::Config,
     pub(crate) pool: Option<deadpool_postgres::Pool>,
     pub(crate) pool_size: usize,
@@ -105,27 +106,6 @@ impl std::fmt::Debug for RouterOptions {
     }
 }
 
-/// Replica ids: 1 to 63 ASCII letters, digits, `.`, `_`, `:` or `-`, starting with a letter or
-/// digit (the same rule as the `pgtenant.replicas` check constraint).
-pub(crate) fn validate_replica_id(option: &'static str, id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= 63
-        && id.as_bytes()[0].is_ascii_alphanumeric()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
-    if ok {
-        return Ok(());
-    }
-    Err(Error::InvalidOption {
-        option,
-        reason: format!(
-            "{:?} must be 1 to 63 ASCII letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
-            id.chars().take(70).collect::<String>()
-        ),
-    })
-}
-
 /// Shortest lease ttl: below this, scheduling jitter alone would expire leases.
 pub const MIN_TTL: Duration = Duration::from_millis(300);
 /// Longest lease ttl.
@@ -138,7 +118,7 @@ impl RouterOptions {
     /// `.`, `_`, `:` or `-`, starting with a letter or digit.
     pub fn new(replica_id: impl Into<String>, config: tokio_postgres::Config) -> Self {
         RouterOptions {
-            replica_id: replica_id.into(),
+            replica_id: ReplicaId::unchecked(replica_id.into()),
             config,
             pool: None,
             pool_size: 16,
@@ -550,7 +530,7 @@ impl RouterOptions {
     /// Every value in range, or the first one that is not, with its value and its range.
     /// Nothing here may overflow, whatever the values.
     pub(crate) fn validate(&self) -> Result<()> {
-        validate_replica_id("replica_id", &self.replica_id)?;
+        crate::replica_id::check("replica_id", self.replica_id.as_str())?;
         in_range("ttl", self.ttl, MIN_TTL..=MAX_TTL, "")?;
         let period = self.effective_heartbeat_period();
         in_range(

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::id::TenantId;
 use crate::lease::Epoch;
+use crate::replica_id::ReplicaId;
 use crate::sqlstate::*;
 
 /// What pgtenant was doing when the database refused, for the error it becomes.
@@ -24,7 +25,7 @@ pub(crate) struct Scope<'a> {
 
 #[derive(serde::Deserialize)]
 struct HeldDetail {
-    owner: String,
+    owner: ReplicaId,
     epoch: i64,
     owner_alive: bool,
     expires_in_ms: Option<u64>,
@@ -62,7 +63,7 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
             let reason = "the database no longer counts its incarnation as registered and alive";
             let stalled = crate::stall::recent();
             Some(Error::ReplicaDown {
-                replica_id: scope.replica.to_owned(),
+                replica_id: ReplicaId::unchecked(scope.replica),
                 reason: match stalled {
                     Some(stalled) => format!("{stalled}, and meanwhile {reason}"),
                     None => reason.to_owned(),

@@ -22,6 +22,7 @@ use crate::lease::{Epoch, HandleState, Incarnation, TenantState};
 use crate::options::{Fencing, RouterOptions};
 use crate::protocol::heartbeat::maintain;
 use crate::protocol::tenant_migrations::TenantMigration;
+use crate::replica_id::ReplicaId;
 use crate::state::shared::Shared;
 use crate::sync::lock;
 
@@ -96,7 +97,7 @@ pub struct TenantStatus {
     /// has never seen it).
     pub state: TenantState,
     /// The owner replica.
-    pub owner: Option<String>,
+    pub owner: Option<ReplicaId>,
     /// The current epoch.
     pub epoch: Epoch,
     /// Whether the owner is alive.
@@ -122,7 +123,7 @@ pub struct TenantStatus {
 #[non_exhaustive]
 pub struct Summary {
     /// The replica id.
-    pub replica_id: String,
+    pub replica_id: ReplicaId,
     /// The current incarnation; None while re-registering.
     pub incarnation: Option<Incarnation>,
     /// Whether handles accept work now: registered, within the local deadline, and (session
@@ -182,7 +183,7 @@ impl Router {
     }
 
     /// This replica's id.
-    pub fn replica_id(&self) -> &str {
+    pub fn replica_id(&self) -> &ReplicaId {
         &self.shared().options.replica_id
     }
 

@@ -84,7 +84,10 @@ async fn error_kinds_sort_by_what_to_do_and_have_stable_codes() {
     let (db, _client) = database().await;
     let router = router(db.url(), "kinds").await;
     let handle = router.open_or_create(&tenant("kinds")).await.unwrap();
-    let error = handle.handoff_to("nobody").await.unwrap_err();
+    let error = handle
+        .handoff_to(&support::replica("nobody"))
+        .await
+        .unwrap_err();
     assert!(matches!(error, Error::NoSuchReplica { .. }), "{error:?}");
     assert_eq!(
         error.kind(),

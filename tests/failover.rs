@@ -327,7 +327,9 @@ async fn lose_a_handoff(
     let id = tenant(ledger);
     let first = a.open_or_create(&id).await.expect("a creates the ledger");
     create_log(&first).await;
-    append(&first, a.replica_id(), 1).await.expect("a writes");
+    append(&first, a.replica_id().as_str(), 1)
+        .await
+        .expect("a writes");
     let replicated = first.epoch().get();
     pair.wait_for_standby()
         .await
@@ -336,7 +338,7 @@ async fn lose_a_handoff(
     let detached = Instant::now();
     first.release().await.expect("a releases");
     let second = b.open(&id).await.expect("b acquires");
-    append(&second, b.replica_id(), 2)
+    append(&second, b.replica_id().as_str(), 2)
         .await
         .expect("b's write is acknowledged");
     (replicated, second.epoch().get(), second, detached)
@@ -827,7 +829,7 @@ async fn the_fence_refuses_an_epoch_that_survived_a_lost_handoff() {
     // Acquired again, the tenant is served at the floor and its writes commit.
     let again = open_when_back(&a, &tenant("survivor")).await;
     assert!(again.epoch().get() >= FLOOR_OF_TIMELINE_2);
-    append(&again, a.replica_id(), 3)
+    append(&again, a.replica_id().as_str(), 3)
         .await
         .expect("a writes after reacquiring");
     a.close().await;
@@ -936,7 +938,7 @@ async fn several_hosts_reach_the_primary_and_skip_the_standby() {
             .await
             .unwrap_or_else(|e| panic!("target_session_attrs={attrs}: {e}"));
         create_log(&handle).await;
-        append(&handle, router.replica_id(), 1)
+        append(&handle, router.replica_id().as_str(), 1)
             .await
             .unwrap_or_else(|e| panic!("target_session_attrs={attrs}: {e}"));
 

@@ -38,7 +38,9 @@ async fn the_app_role_runs_the_router_but_cannot_touch_the_control_plane() {
         .open_or_create(&tenant("theirs"))
         .await
         .expect("b's tenant");
-    mine.handoff_to("app-b").await.expect("handoff as app");
+    mine.handoff_to(&support::replica("app-b"))
+        .await
+        .expect("handoff as app");
     let moved = b.open(&tenant("mine")).await.expect("b takes it");
     assert_eq!(
         support::count_rows(&moved, "SELECT count(*) FROM log").await,

@@ -240,7 +240,7 @@ async fn fleet_status_counts_what_lease_status_says() {
         .iter()
         .map(|r| {
             (
-                r.replica_id.clone(),
+                r.replica_id.to_string(),
                 r.tenants_held,
                 r.state.clone(),
                 r.alive,
@@ -496,7 +496,7 @@ async fn every_listing_filter_agrees_with_lease_status() {
         assert_eq!(keys(&q).await, expect(&|t| t.4 && i64::from(t.3) < version));
     }
     let mut q = TenantQuery::default();
-    q.owner = Some("ops-a".into());
+    q.owner = Some(support::replica("ops-a"));
     q.state = Some(TenantState::Held);
     assert_eq!(
         keys(&q).await,

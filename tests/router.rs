@@ -304,7 +304,13 @@ async fn concurrent_directed_handoffs_share_transactions_and_keep_their_reservat
             .into_iter()
             .map(Result::unwrap)
             .collect();
-    let handed = support::join_all(handles.iter().map(|h| h.handoff_to("heir")).collect()).await;
+    let handed = support::join_all(
+        handles
+            .iter()
+            .map(|h| h.handoff_to(heir.replica_id()))
+            .collect(),
+    )
+    .await;
     assert!(handed.iter().all(Result::is_ok), "{handed:?}");
     let row = client
         .query_one(
@@ -484,7 +490,7 @@ async fn request_handoff_moves_a_tenant_and_the_reservation_keeps_others_out() {
 
     // A directed handoff reserves the tenant for its target.
     let third = Router::start(long("third")).await.unwrap();
-    moved.handoff_to("giver").await.unwrap();
+    moved.handoff_to(&support::replica("giver")).await.unwrap();
     match third.open(&id).await {
         Err(Error::LeaseHeld {
             owner,
@@ -497,10 +503,11 @@ async fn request_handoff_moves_a_tenant_and_the_reservation_keeps_others_out() {
         .open(&id)
         .await
         .expect("the reserved replica takes it");
+    // A replica id is checked where it is made, before any handoff can name it.
     assert!(matches!(
-        moved.handoff_to("not a replica!").await,
+        pgtenant::ReplicaId::new("not a replica!"),
         Err(Error::InvalidOption {
-            option: "replica",
+            option: "replica_id",
             ..
         })
     ));
@@ -778,7 +785,7 @@ async fn a_handoff_to_a_replica_that_is_not_alive_is_refused_before_anything_cha
     let gone = router_named(&db, "gone").await;
     gone.close().await;
     for target in ["ghost", "gone"] {
-        match handle.handoff_to(target).await {
+        match handle.handoff_to(&support::replica(target)).await {
             Err(Error::NoSuchReplica { replica_id, .. }) => assert_eq!(replica_id, target),
             other => panic!("handoff to {target}: expected NoSuchReplica, got {other:?}"),
         }

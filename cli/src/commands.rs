@@ -195,7 +195,7 @@ pub(crate) async fn status_of(
         .iter()
         .map(|r| {
             vec![
-                r.replica_id.clone(),
+                r.replica_id.to_string(),
                 r.state.clone(),
                 r.incarnation.to_string(),
                 r.tenants_held.to_string(),
@@ -502,7 +502,11 @@ fn print_table(mut table: Table, page: Option<usize>) -> Result<Option<String>, 
 
 pub(crate) async fn tenants(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
     let mut query = pgtenant::admin::TenantQuery::default();
-    query.owner = args.owner.clone();
+    query.owner = args
+        .owner
+        .as_deref()
+        .map(pgtenant::ReplicaId::new)
+        .transpose()?;
     query.state = args.state.as_deref().map(str::parse).transpose()?;
     query.after = args.after.clone();
     query.limit = args.limit;
@@ -865,7 +869,9 @@ impl MigrateRun {
                 }
             }
             Err(pgtenant::Error::Quarantined { cause, .. }) => Outcome::Quarantined { cause },
-            Err(pgtenant::Error::LeaseHeld { owner, .. }) => Outcome::HeldElsewhere { owner },
+            Err(pgtenant::Error::LeaseHeld { owner, .. }) => Outcome::HeldElsewhere {
+                owner: owner.to_string(),
+            },
             Err(error) => Outcome::Failed {
                 error: explain(&error),
             },

@@ -130,7 +130,7 @@ pub(crate) struct Replica {
 impl From<&pgtenant::admin::ReplicaStatus> for Replica {
     fn from(r: &pgtenant::admin::ReplicaStatus) -> Self {
         Replica {
-            replica_id: r.replica_id.clone(),
+            replica_id: r.replica_id.to_string(),
             alive: r.alive,
             lock_held: r.lock_held,
             incarnation: r.incarnation,

@@ -10,7 +10,7 @@ use tokio_postgres::GenericClient;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, TenantState};
-use crate::options::validate_replica_id;
+use crate::replica_id::ReplicaId;
 
 pub use crate::control_plane::{
     control_plane_version, setup_with, supported_version, SetupOptions, SetupReport, CONTROL_SCHEMA,
@@ -22,7 +22,7 @@ pub use crate::protocol::sweep::{sweep, SweepOptions, SweepReport};
 #[non_exhaustive]
 pub struct TenantQuery {
     /// Only tenants owned by this replica.
-    pub owner: Option<String>,
+    pub owner: Option<ReplicaId>,
     /// Only tenants in this state.
     pub state: Option<TenantState>,
     /// Only quarantined (true) or only healthy (false) tenants.
@@ -51,9 +51,6 @@ impl Default for TenantQuery {
 impl TenantQuery {
     fn validate(&self) -> Result<()> {
         let invalid = |option, reason: String| Err(Error::InvalidOption { option, reason });
-        if let Some(owner) = &self.owner {
-            validate_replica_id("owner", owner)?;
-        }
         if !(1..=10_000).contains(&self.limit) {
             return invalid("limit", format!("{} is outside 1..=10000", self.limit));
         }
@@ -70,7 +67,7 @@ pub struct TenantRecord {
     /// Its state in `pgtenant.lease_status`.
     pub state: TenantState,
     /// The owner replica.
-    pub owner: Option<String>,
+    pub owner: Option<ReplicaId>,
     /// The current epoch.
     pub epoch: Epoch,
     /// Whether the incarnation holding the lease is alive (None without an owner).
@@ -503,7 +500,7 @@ fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
 #[non_exhaustive]
 pub struct ReplicaStatus {
     /// The replica id.
-    pub replica_id: String,
+    pub replica_id: ReplicaId,
     /// Registered, lease session holding its liveness lock, heartbeat not expired: its
     /// current incarnation serves.
     pub alive: bool,

@@ -21,6 +21,7 @@ use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::Epoch;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
+use crate::replica_id::ReplicaId;
 use crate::sqlstate;
 use crate::state::bindings::TERMINATE_TIMEOUT;
 use crate::state::credentials::{millis, Credentials};
@@ -47,7 +48,7 @@ const PREPARED_ROUNDS: usize = 2;
 struct Answer {
     epoch: Epoch,
     schema: Option<String>,
-    previous_owner: Option<String>,
+    previous_owner: Option<ReplicaId>,
     took_over: Option<String>,
     quarantine: Option<String>,
     version: i64,
@@ -161,7 +162,7 @@ fn scope<'a>(id: &'a TenantId, credentials: &'a Credentials) -> Scope<'a> {
         doing: "acquire a lease",
         tenant: Some(id),
         epoch: Epoch::new(0),
-        replica: &credentials.replica,
+        replica: credentials.replica.as_str(),
     }
 }
 
@@ -435,7 +436,7 @@ pub(crate) async fn install_handle(
     {
         let mut handles = lock(&shared.handles);
         handles.insert(id.clone(), inner.clone());
-        crate::metrics::leases_held(&shared.options.replica_id, handles.len());
+        crate::metrics::leases_held(shared.options.replica_id.as_str(), handles.len());
     }
     crate::metrics::lease_acquired();
     shared.emit(event);

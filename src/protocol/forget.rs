@@ -129,7 +129,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<H
         doing: "restore a tenant",
         tenant: Some(id),
         epoch: Epoch::new(0),
-        replica: &credentials.replica,
+        replica: credentials.replica.as_str(),
     };
     let mut client = shared
         .pool

@@ -18,8 +18,9 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState, Journal};
-use crate::options::{validate_replica_id, HandoffPolicy};
+use crate::options::HandoffPolicy;
 use crate::refusal::{self, Scope};
+use crate::replica_id::ReplicaId;
 use crate::state::leases::give_back;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
 use crate::state::shared::{HandleInner, Shared};
@@ -27,14 +28,13 @@ use crate::sync::lock;
 
 /// A handoff reserved for `replica`, refused before anything changes unless it names a
 /// registered, live replica.
-pub(crate) async fn hand_over_to(handle: &Arc<HandleInner>, replica: &str) -> Result<()> {
-    validate_replica_id("replica", replica)?;
+pub(crate) async fn hand_over_to(handle: &Arc<HandleInner>, replica: &ReplicaId) -> Result<()> {
     handle.router.ensure_live_replica(replica).await?;
     hand_over(handle, Some(replica)).await
 }
 
 /// A handoff: refuse new work, drain within the drain timeout, release (reserved for `to`).
-pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&str>) -> Result<()> {
+pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&ReplicaId>) -> Result<()> {
     if !handle.transition(HandleState::Serving, HandleState::Draining) {
         return Err(match handle.state() {
             HandleState::Draining => Error::Draining {
@@ -91,7 +91,7 @@ pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
         doing: "request a handoff",
         tenant: Some(id),
         epoch: Epoch::new(0),
-        replica: &credentials.replica,
+        replica: credentials.replica.as_str(),
     };
     control::call(
         &client,
@@ -176,11 +176,12 @@ pub(crate) async fn serve_requests(
         let Ok(tenant) = TenantId::parse(&request.tenant) else {
             continue;
         };
-        if validate_replica_id("requester", &request.requester).is_err()
-            || request.requester == shared.options.replica_id
+        if crate::replica_id::check("requester", &request.requester).is_err()
+            || shared.options.replica_id == request.requester
         {
             continue;
         }
+        let requester = ReplicaId::unchecked(request.requester);
         let Some(inner) = lock(&shared.handles)
             .get(&tenant)
             .filter(|h| h.is_serving())
@@ -189,10 +190,10 @@ pub(crate) async fn serve_requests(
             continue;
         };
         drop(shared);
-        match take_request(&inner, &request.requester).await {
+        match take_request(&inner, requester.as_str()).await {
             Ok(true) => {}
             Ok(false) => {
-                debug!(%tenant, requester = %request.requester, "handoff notice without a request: ignored");
+                debug!(%tenant, %requester, "handoff notice without a request: ignored");
                 continue;
             }
             Err(error) => {
@@ -203,12 +204,12 @@ pub(crate) async fn serve_requests(
         let accepted = inner.router.options.handoff_policy == HandoffPolicy::Accept;
         inner.router.emit(Event::HandoffRequested {
             tenant: tenant.clone(),
-            requester: request.requester.clone(),
+            requester: requester.clone(),
             accepted,
         });
         if accepted {
             tokio::spawn(async move {
-                if let Err(error) = hand_over_to(&inner, &request.requester).await {
+                if let Err(error) = hand_over_to(&inner, &requester).await {
                     warn!(%tenant, %error, "requested handoff failed");
                 }
             });

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::lease::Incarnation;
 use crate::options::RouterOptions;
+use crate::replica_id::ReplicaId;
 use crate::state::bindings::Mode;
 use crate::state::credentials::{millis, Credentials};
 use crate::state::liveness::{Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
@@ -244,7 +245,7 @@ async fn register(
         .and_then(|row| row.try_get(0))
         .map_err(Error::db("take the replica's liveness lock"))?;
     if !locked {
-        return Err(in_use(client, &options.replica_id, lock_key).await);
+        return Err(in_use(client, options.replica_id.as_str(), lock_key).await);
     }
     let registered_at = Instant::now();
     let host = options
@@ -314,13 +315,13 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
         .await;
     match holder {
         Ok(Some(row)) => Error::ReplicaIdInUse {
-            replica_id: replica_id.to_owned(),
+            replica_id: ReplicaId::unchecked(replica_id),
             holder_pid: row.get(0),
             since: row.get(1),
             host: row.get(2),
         },
         Ok(None) => Error::ReplicaIdInUse {
-            replica_id: replica_id.to_owned(),
+            replica_id: ReplicaId::unchecked(replica_id),
             holder_pid: 0,
             since: None,
             host: None,

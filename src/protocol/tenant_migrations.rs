@@ -15,6 +15,7 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::Epoch;
 use crate::migrate::InTransaction;
+use crate::replica_id::ReplicaId;
 use crate::state::credentials::Credentials;
 use crate::state::leases::give_back_unused;
 use crate::state::shared::Shared;
@@ -191,7 +192,7 @@ pub enum MigrationOutcome {
     /// tenant itself at its next open once it runs this code).
     HeldElsewhere {
         /// The owner.
-        owner: String,
+        owner: ReplicaId,
     },
     /// A migration failed: the tenant is quarantined.
     Quarantined {

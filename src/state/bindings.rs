@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use deadpool_postgres::{Object, ObjectId};
 
 use crate::error::Error;
+use crate::replica_id::ReplicaId;
 use crate::sync::{lock, PooledConnection};
 
 /// The fencing in force for this router, after the start-up checks.
@@ -84,10 +85,10 @@ impl Bindings {
     }
 
     /// The refusal's error once registering again did not cure it.
-    pub(crate) fn lasting(&self, replica_id: &str) -> Option<Error> {
+    pub(crate) fn lasting(&self, replica_id: &ReplicaId) -> Option<Error> {
         let refusal = lock(&self.refusal);
         (refusal.in_a_row >= LASTING_AFTER).then(|| Error::SessionsRefused {
-            replica_id: replica_id.to_owned(),
+            replica_id: replica_id.clone(),
             incarnations: refusal.in_a_row,
             reason: refusal.reason.clone(),
         })

@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use crate::lease::Incarnation;
+use crate::replica_id::ReplicaId;
 
 /// What an incarnation presents to the control-plane functions to act for its replica (G8):
 /// the secret `pgtenant.register` issued to it, which the database stores only hashed.
 #[derive(Clone)]
 pub(crate) struct Credentials {
-    pub(crate) replica: String,
+    pub(crate) replica: ReplicaId,
     pub(crate) incarnation: Incarnation,
     /// This process's number for the registration, unique across its registrations: after a
     /// lossy failover the database can issue an incarnation number again, so state kept per
@@ -20,7 +21,7 @@ pub(crate) struct Credentials {
 
 impl Credentials {
     pub(crate) fn new(
-        replica: String,
+        replica: ReplicaId,
         incarnation: Incarnation,
         registration: u64,
         secret: String,

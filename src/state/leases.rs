@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{Epoch, Journal};
+use crate::replica_id::ReplicaId;
 use crate::state::credentials::Credentials;
 use crate::state::releases::release_now;
 use crate::state::shared::{HandleInner, Shared};
@@ -21,11 +22,11 @@ use crate::state::shared::{HandleInner, Shared};
 pub(crate) async fn give_back(
     handle: &Arc<HandleInner>,
     event: Journal,
-    to: Option<&str>,
+    to: Option<&ReplicaId>,
 ) -> Result<()> {
     let router = &handle.router;
     router.detach(handle);
-    let reservation = to.map(|replica| (replica, router.options.reservation));
+    let reservation = to.map(|replica| (replica.as_str(), router.options.reservation));
     let released = match router
         .releases
         .release(
@@ -58,7 +59,7 @@ pub(crate) async fn give_back(
         (true, Journal::HandedOff) => Event::HandedOff {
             tenant,
             epoch,
-            to: to.map(str::to_owned),
+            to: to.cloned(),
         },
         (true, Journal::Released) => Event::Released { tenant, epoch },
     });

@@ -19,6 +19,7 @@ use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, Journal};
+use crate::replica_id::ReplicaId;
 use crate::sqlstate;
 use crate::state::credentials::{millis, Credentials};
 
@@ -194,8 +195,8 @@ pub(crate) async fn release_now(
         Some(db) if db.code().code() == sqlstate::NO_SUCH_REPLICA => Error::NoSuchReplica {
             replica_id: releases
                 .iter()
-                .find_map(|r| r.3.map(|(replica, _)| replica.to_owned()))
-                .unwrap_or_default(),
+                .find_map(|r| r.3.map(|(replica, _)| ReplicaId::unchecked(replica)))
+                .unwrap_or_else(|| ReplicaId::unchecked("")),
             message: db.message().to_owned(),
         },
         _ => Error::db_with(context)(error),

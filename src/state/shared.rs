@@ -22,6 +22,7 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::options::RouterOptions;
+use crate::replica_id::ReplicaId;
 use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
 use crate::state::credentials::{millis, Credentials};
@@ -185,7 +186,7 @@ impl Shared {
             .is_some_and(|current| Arc::ptr_eq(current, handle))
         {
             handles.remove(&handle.id);
-            crate::metrics::leases_held(&self.options.replica_id, handles.len());
+            crate::metrics::leases_held(self.options.replica_id.as_str(), handles.len());
         }
         drop(handles);
         if handle.in_flight() > 0 {
@@ -272,7 +273,7 @@ impl Shared {
 
     /// Refuses a handoff target that is not a registered, live replica, before anything
     /// changes: a reservation for it would keep the tenant from everyone for the window.
-    pub(crate) async fn ensure_live_replica(&self, replica: &str) -> Result<()> {
+    pub(crate) async fn ensure_live_replica(&self, replica: &ReplicaId) -> Result<()> {
         let client = self
             .pool
             .get()
@@ -289,11 +290,11 @@ impl Shared {
         match alive {
             Some(true) => Ok(()),
             Some(false) => Err(Error::NoSuchReplica {
-                replica_id: replica.to_owned(),
+                replica_id: replica.clone(),
                 message: format!("replica {replica} is registered but not alive"),
             }),
             None => Err(Error::NoSuchReplica {
-                replica_id: replica.to_owned(),
+                replica_id: replica.clone(),
                 message: format!("no replica {replica} has ever registered with this database"),
             }),
         }
@@ -326,7 +327,7 @@ impl Shared {
         let reason = reason.as_str();
         self.liveness.end();
         let lost: Vec<Arc<HandleInner>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
-        crate::metrics::leases_held(&self.options.replica_id, 0);
+        crate::metrics::leases_held(self.options.replica_id.as_str(), 0);
         for handle in lost {
             handle.mark_lost(reason);
         }
@@ -592,7 +593,7 @@ impl HandleInner {
             doing,
             tenant: Some(&self.id),
             epoch: self.epoch,
-            replica: &self.credentials.replica,
+            replica: self.credentials.replica.as_str(),
         };
         let error = crate::refusal::map(error, &scope);
         match &error {

@@ -153,6 +153,10 @@ pub(crate) async fn router(url: &str, replica: &str) -> Router {
         .expect("router starts")
 }
 
+pub(crate) fn replica(id: &str) -> pgtenant::ReplicaId {
+    pgtenant::ReplicaId::new(id).expect("a valid replica id")
+}
+
 pub(crate) fn tenant(name: &str) -> TenantId {
     TenantId::new("acme", name).expect("valid id")
 }

@@ -264,7 +264,8 @@ async fn entries(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Valu
 
 #[derive(Deserialize)]
 struct HandoffTarget {
-    to: Option<String>,
+    /// Checked as it is parsed: a bad replica id is a 400 naming the rule.
+    to: Option<pgtenant::ReplicaId>,
 }
 
 async fn handoff(
@@ -278,7 +279,7 @@ async fn handoff(
         .handle_of(&id)
         .ok_or_else(|| ApiError::NotServedHere {
             tenant: id.clone(),
-            replica: app.router.replica_id().to_owned(),
+            replica: app.router.replica_id().to_string(),
         })?;
     match &target.to {
         // Reserved for that replica for a short window: no other replica takes it first.

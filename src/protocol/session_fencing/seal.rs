@@ -32,7 +32,7 @@ impl<'a> Seal<'a> {
     pub(crate) fn new(key: &'a str, credentials: &'a Credentials) -> Self {
         Seal {
             key,
-            replica: &credentials.replica,
+            replica: credentials.replica.as_str(),
             incarnation: credentials.incarnation.get(),
             secret: credentials.secret(),
             terminate_ms: i64::from(millis(TERMINATE_TIMEOUT)),
