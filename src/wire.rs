@@ -21,6 +21,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use crate::sync::lock;
+
 /// Reads a parameter's value as the server last reported it on one connection.
 pub(crate) type Parameters = Arc<Reader>;
 
@@ -39,12 +41,6 @@ type Registry = Mutex<Readers>;
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(Registry::default)
-}
-
-fn lock(registry: &Registry) -> std::sync::MutexGuard<'_, Readers> {
-    registry
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A new token for a connection about to be opened: unique in this process (the process id

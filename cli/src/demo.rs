@@ -5,6 +5,7 @@
 
 use crate::cli::Connection;
 use crate::commands::start_router;
+use crate::commands::status::{status_of, StatusView};
 use crate::conn::Target;
 use crate::error::CliError;
 use crate::output::out;
@@ -27,7 +28,7 @@ pub(crate) async fn run(connection: &Connection) -> Result<(), CliError> {
     demo(&target).await?;
     let connected = target.connect().await?;
     out!("\n$ pgtenant status")?;
-    crate::commands::status_of(&connected.client, crate::commands::StatusView::text()).await?;
+    status_of(&connected.client, StatusView::text()).await?;
     if given.is_some() {
         out!("\nlook with psql: psql '{url}' -c 'TABLE pgtenant.lease_status'")
     } else {

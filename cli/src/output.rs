@@ -88,6 +88,71 @@ pub(crate) fn cell(value: &Option<impl ToString>) -> String {
     value.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
+/// Milliseconds as a table cell: `7.1s`, empty when absent.
+pub(crate) fn seconds(ms: Option<i64>) -> String {
+    ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+        .unwrap_or_default()
+}
+
+/// A query's column names and rows, every value as text (simple_query hands them over so).
+pub(crate) struct Table {
+    pub(crate) header: Vec<String>,
+    pub(crate) rows: Vec<Vec<String>>,
+}
+
+/// A table, aligned. With `page` set, the query asked for one row more than that: when it came,
+/// it is not shown, and the first column of the last row shown is returned (where the next
+/// page starts).
+pub(crate) fn print_table(
+    mut table: Table,
+    page: Option<usize>,
+) -> Result<Option<String>, CliError> {
+    let next = match page {
+        Some(shown) if table.rows.len() > shown => {
+            table.rows.truncate(shown);
+            table.rows.last().and_then(|row| row.first().cloned())
+        }
+        _ => None,
+    };
+    let header: Vec<&str> = table.header.iter().map(String::as_str).collect();
+    self::table(&header, &table.rows)?;
+    Ok(next)
+}
+
+/// Tenant records as `pgtenant tenants` shows them.
+pub(crate) fn print_tenants(records: &[pgtenant::admin::TenantRecord]) -> Result<(), CliError> {
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.tenant.to_string(),
+                r.state.to_string(),
+                cell(&r.owner),
+                cell(&r.owner_incarnation),
+                r.epoch.to_string(),
+                seconds(r.expires_in_ms),
+                r.version.to_string(),
+                cell(&r.schema),
+                cell(&r.quarantine_cause),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "tenant",
+            "state",
+            "owner",
+            "incarnation",
+            "epoch",
+            "expires_in",
+            "version",
+            "schema",
+            "quarantine",
+        ],
+        &rows,
+    )
+}
+
 /// `pgtenant status --json`.
 #[derive(Debug, Serialize)]
 pub(crate) struct Status {

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::lease::Incarnation;
 use crate::state::credentials::Credentials;
+use crate::sync::lock;
 
 /// What handles read on every call: atomics only, no lock (the credentials, read on control
 /// paths only, sit behind a mutex).
@@ -55,18 +56,12 @@ impl Liveness {
 
     /// The current incarnation's credentials; None while not registered.
     pub(crate) fn credentials(&self) -> Option<Arc<Credentials>> {
-        self.lock_credentials().clone()
-    }
-
-    fn lock_credentials(&self) -> std::sync::MutexGuard<'_, Option<Arc<Credentials>>> {
-        self.credentials
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.credentials).clone()
     }
 
     pub(crate) fn begin(&self, credentials: Credentials, deadline: Instant) {
         let incarnation = credentials.incarnation.get();
-        *self.lock_credentials() = Some(Arc::new(credentials));
+        *lock(&self.credentials) = Some(Arc::new(credentials));
         self.deadline.store(self.nanos(deadline), Ordering::Release);
         self.lapsed.store(false, Ordering::Release);
         self.incarnation.store(incarnation, Ordering::Release);
@@ -83,7 +78,7 @@ impl Liveness {
     pub(crate) fn end(&self) {
         self.incarnation.store(0, Ordering::Release);
         self.deadline.store(0, Ordering::Release);
-        *self.lock_credentials() = None;
+        *lock(&self.credentials) = None;
     }
 }
 

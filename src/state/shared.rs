@@ -430,16 +430,10 @@ impl HandleInner {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    fn lock_gate(&self) -> MutexGuard<'_, ()> {
-        self.gate
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Moves `from` → `to`; false when the handle was not in `from`.
     pub(crate) fn transition(&self, from: HandleState, to: HandleState) -> bool {
         let moved = {
-            let _gate = self.lock_gate();
+            let _gate = lock(&self.gate);
             self.state
                 .compare_exchange(
                     from.to_u8(),
@@ -509,7 +503,7 @@ impl HandleInner {
     /// deadline not passed.
     pub(crate) fn admit(self: &Arc<Self>) -> Result<()> {
         let refusal = {
-            let _gate = self.lock_gate();
+            let _gate = lock(&self.gate);
             self.admission()
         };
         refusal.map_err(|refusal| self.refuse(refusal))
@@ -519,7 +513,7 @@ impl HandleInner {
     /// changes (see `gate`).
     pub(crate) fn begin_work(self: &Arc<Self>) -> Result<InFlight> {
         let refusal = {
-            let _gate = self.lock_gate();
+            let _gate = lock(&self.gate);
             match self.admission() {
                 Ok(()) => return Ok(InFlight::enter(self)),
                 Err(refusal) => refusal,
@@ -616,9 +610,7 @@ impl HandleInner {
     }
 
     pub(crate) fn lock_cancels(&self) -> MutexGuard<'_, Vec<(u64, CancelToken, Option<i32>)>> {
-        self.cancels
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.cancels)
     }
 }
 

@@ -1,6 +1,7 @@
 use std::error::Error as _;
+use std::str::FromStr;
 
-use crate::Source;
+use crate::source::Source;
 
 /// What to do when no source works; shown by [`TestkitError::NoSource`].
 const INSTALL_HINT: &str = "To fix it, do one of: install the PostgreSQL server binaries \
@@ -143,4 +144,20 @@ pub(crate) fn describe_pg(e: &tokio_postgres::Error) -> String {
         cause = c.source();
     }
     s
+}
+
+// Here rather than in `source.rs`: the error names `Source`, so the parse that returns the
+// error sits with it and the two modules do not import each other.
+impl FromStr for Source {
+    type Err = TestkitError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim();
+        Source::ALL
+            .into_iter()
+            .find(|source| source.as_str().eq_ignore_ascii_case(wanted))
+            .ok_or_else(|| TestkitError::InvalidSourceName {
+                value: s.to_owned(),
+            })
+    }
 }

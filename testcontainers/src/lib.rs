@@ -55,109 +55,41 @@
     reason = "libc calls only (kill, geteuid, getpwnam_r, atexit), each with its SAFETY comment"
 )]
 
+// Bottom to top (`tests/layers.rs` checks that no module imports one above it): the
+// vocabulary (`sync`, `source`, `error`, `names`, `url`, `admin`, `server`); `sweep`,
+// `database` and the parts of a cluster or container; the sources (`cluster`, `citus`,
+// `replication`, `docker`); `choice`, which reaches them all.
+mod admin;
+mod choice;
 mod citus;
 mod cluster;
 mod database;
 #[cfg(feature = "docker")]
 mod docker;
 mod error;
+mod names;
 mod replication;
+mod server;
+mod source;
 mod sweep;
+mod sync;
+mod url;
 
-use std::fmt;
-use std::str::FromStr;
-
+pub use choice::source_from_env;
 pub use citus::{
     citus_installed, skip_without_citus, CitusCluster, DEFAULT_WORKERS, INSTALL_CITUS_HINT,
     REQUIRE_CITUS_ENV,
 };
-pub use cluster::{LocalCluster, LocalClusterBuilder};
+pub use cluster::local::{LocalCluster, LocalClusterBuilder};
 pub use database::{TestDatabase, TestRole};
 #[cfg(feature = "docker")]
-pub use docker::{
-    docker_engine, skip_without_docker, DockerNetwork, DockerOptions, DockerPostgres,
-    CONTAINER_LABEL, DEFAULT_IMAGE, IMAGE_ENV, NETWORK_ENV, REQUIRE_DOCKER_ENV,
-};
+pub use docker::api::{docker_engine, skip_without_docker, REQUIRE_DOCKER_ENV};
+#[cfg(feature = "docker")]
+pub use docker::container::CONTAINER_LABEL;
+#[cfg(feature = "docker")]
+pub use docker::options::{DockerNetwork, DockerOptions, DEFAULT_IMAGE, IMAGE_ENV, NETWORK_ENV};
+#[cfg(feature = "docker")]
+pub use docker::DockerPostgres;
 pub use error::TestkitError;
 pub use replication::{Replication, StandbyPair};
-
-/// The environment variable that forces one [`Source`].
-pub const SOURCE_ENV: &str = "PGTENANT_TESTKIT";
-
-/// Where a test database came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    /// The server of `PGTENANT_TEST_DATABASE_URL` or `DATABASE_URL`.
-    Url,
-    /// A server already listening on `127.0.0.1:5432`.
-    Local,
-    /// A container started through testcontainers (cargo feature `docker`).
-    Docker,
-    /// A throwaway cluster made with the machine's `initdb` and `postgres`.
-    Initdb,
-    /// A throwaway Citus cluster (a coordinator and [`DEFAULT_WORKERS`] workers, see
-    /// [`CitusCluster`]) when Citus is installed: used only when `PGTENANT_TESTKIT=citus`
-    /// forces it. Each database has the extension and the workers in its metadata.
-    Citus,
-}
-
-impl Source {
-    /// Every source.
-    pub const ALL: [Source; 5] = [
-        Source::Url,
-        Source::Local,
-        Source::Docker,
-        Source::Initdb,
-        Source::Citus,
-    ];
-
-    /// The sources [`TestDatabase::create`] tries, in order, when none is forced.
-    pub const AUTOMATIC: [Source; 4] = [Source::Url, Source::Local, Source::Docker, Source::Initdb];
-
-    /// The name used by `PGTENANT_TESTKIT`: `url`, `local`, `docker`, `initdb` or `citus`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Url => "url",
-            Source::Local => "local",
-            Source::Docker => "docker",
-            Source::Initdb => "initdb",
-            Source::Citus => "citus",
-        }
-    }
-}
-
-impl fmt::Display for Source {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Source {
-    type Err = TestkitError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let wanted = s.trim();
-        Source::ALL
-            .into_iter()
-            .find(|source| source.as_str().eq_ignore_ascii_case(wanted))
-            .ok_or_else(|| TestkitError::InvalidSourceName {
-                value: s.to_owned(),
-            })
-    }
-}
-
-/// The source forced by `PGTENANT_TESTKIT`, if it is set to a valid name.
-///
-/// An unset or empty variable gives `None`; so does an invalid value, which
-/// [`TestDatabase::create`] reports as [`TestkitError::InvalidSourceName`].
-pub fn source_from_env() -> Option<Source> {
-    forced_source().ok().flatten()
-}
-
-/// `PGTENANT_TESTKIT`, read on every call so a process can be steered by it.
-pub(crate) fn forced_source() -> Result<Option<Source>, TestkitError> {
-    match std::env::var(SOURCE_ENV) {
-        Ok(value) if !value.trim().is_empty() => value.parse().map(Some),
-        _ => Ok(None),
-    }
-}
+pub use source::{Source, SOURCE_ENV};

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
+use crate::admin::{connect_admin, quote_ident};
 use crate::cluster::{Cluster, Durability};
-use crate::database::{connect_admin, new_name, quote_ident};
 use crate::error::TestkitError;
+use crate::names::new_name;
 use crate::sweep;
 
 /// How long the standby may take to start streaming, to catch up, or to be promoted.

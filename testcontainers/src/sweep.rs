@@ -8,8 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::Config;
 
-use crate::cluster::{OWNER_FILE, TEMP_PREFIX};
-use crate::database::{connect_admin, created_at, drop_database, unix_secs};
+use crate::admin::{connect_admin, drop_database};
+use crate::cluster::temp_dir::{OWNER_FILE, TEMP_PREFIX};
+use crate::error::describe_pg;
+use crate::names::{created_at, unix_secs};
 
 /// Leftovers younger than this may belong to a test run still going on.
 const STALE_AFTER: Duration = Duration::from_secs(3600);
@@ -118,7 +120,7 @@ pub(crate) async fn sweep_databases(admin: &Config) {
     {
         Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!(error = %crate::error::describe_pg(&e), "could not list stale test databases");
+            tracing::warn!(error = %describe_pg(&e), "could not list stale test databases");
             return;
         }
     };
@@ -140,7 +142,7 @@ pub(crate) async fn sweep_databases(admin: &Config) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::database::quote_ident;
+    use crate::admin::quote_ident;
     use crate::TestDatabase;
 
     fn make_dir(root: &Path, name: &str, owner: u32, age: Duration) -> std::path::PathBuf {

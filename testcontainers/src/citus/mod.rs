@@ -4,19 +4,22 @@
 //!
 //! Citus metadata lives per database, so each test database is made on every node under the
 //! same name, gets `CREATE EXTENSION citus` on each, and on the coordinator
-//! `citus_set_coordinator_host` and one `citus_add_node` per worker.
+//! `citus_set_coordinator_host` and one `citus_add_node` per worker (`metadata.rs`).
+
+pub(crate) mod metadata;
 
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio_postgres::Config;
-
-use crate::cluster::{find_bindir, Cluster, Durability};
-use crate::database::{connect_admin, quote_ident, Server, TestDatabase};
+use crate::cluster::binaries::find_bindir;
+use crate::cluster::{Cluster, Durability};
+use crate::database::TestDatabase;
 use crate::error::TestkitError;
-use crate::Source;
+use crate::server::Server;
+use crate::source::Source;
+use crate::sweep;
 
 /// Set to anything but `0`, a test that would skip for want of Citus fails instead (CI).
 pub const REQUIRE_CITUS_ENV: &str = "PGTENANT_REQUIRE_CITUS";
@@ -87,7 +90,7 @@ impl CitusCluster {
                 "Citus is not installed ({why}): {INSTALL_CITUS_HINT}"
             ))
         })?;
-        crate::sweep::sweep_temp_dirs_once();
+        sweep::sweep_temp_dirs_once();
         let settings: Vec<(String, String)> = NODE_SETTINGS
             .iter()
             .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
@@ -155,73 +158,4 @@ pub(crate) async fn citus_server() -> Result<Server, String> {
         .await
         .map_err(|e| e.to_string())?;
     Ok(Arc::new(cluster).server())
-}
-
-/// Makes database `name` on every worker and Citus in it on every node, then adds the
-/// coordinator and the workers to its metadata. Runs after the coordinator's CREATE DATABASE.
-pub(crate) async fn prepare_database(server: &Server, name: &str) -> Result<(), TestkitError> {
-    for worker in &server.workers {
-        connect_admin(worker)
-            .await?
-            .batch_execute(&format!(
-                "CREATE DATABASE {} TEMPLATE template0",
-                quote_ident(name)
-            ))
-            .await
-            .map_err(|e| TestkitError::pg(format!("creating database {name} on a worker"), e))?;
-    }
-    let mut nodes: Vec<Config> = server.workers.clone();
-    nodes.push(server.admin.clone());
-    for node in &mut nodes {
-        node.dbname(name);
-        connect_admin(node)
-            .await?
-            .batch_execute("CREATE EXTENSION citus")
-            .await
-            .map_err(|e| TestkitError::pg(format!("CREATE EXTENSION citus in {name}"), e))?;
-    }
-    let mut coordinator = server.admin.clone();
-    coordinator.dbname(name);
-    let client = connect_admin(&coordinator).await?;
-    let port = i32::from(server.coordinator_port.unwrap_or(5432));
-    client
-        .execute(
-            "SELECT citus_set_coordinator_host('127.0.0.1', $1)",
-            &[&port],
-        )
-        .await
-        .map_err(|e| TestkitError::pg("citus_set_coordinator_host", e))?;
-    for worker in &server.workers {
-        let port = i32::from(worker.get_ports().first().copied().unwrap_or(5432));
-        add_node(&client, port).await?;
-    }
-    Ok(())
-}
-
-/// `citus_add_node`, tried up to five times: on a loaded machine the coordinator's connection
-/// to a new worker database fails now and then ("failure on connection marked as essential",
-/// XX000; seen once in a dozen CI-like runs), and the call is idempotent.
-async fn add_node(client: &tokio_postgres::Client, port: i32) -> Result<(), TestkitError> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match client
-            .execute("SELECT citus_add_node('127.0.0.1', $1)", &[&port])
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e)
-                if tries < 5
-                    && e.code() == Some(&tokio_postgres::error::SqlState::INTERNAL_ERROR) =>
-            {
-                tokio::time::sleep(std::time::Duration::from_millis(100 * tries)).await;
-            }
-            Err(e) => {
-                return Err(TestkitError::pg(
-                    format!("citus_add_node 127.0.0.1:{port} (try {tries})"),
-                    e,
-                ))
-            }
-        }
-    }
 }
