@@ -195,7 +195,9 @@ impl MigrateRun {
                 }
             }
             Err(pgtenant::Error::Quarantined { cause, .. }) => Outcome::Quarantined { cause },
-            Err(pgtenant::Error::LeaseHeld { owner, .. }) => Outcome::HeldElsewhere { owner },
+            Err(pgtenant::Error::LeaseHeld { owner, .. }) => Outcome::HeldElsewhere {
+                owner: owner.to_string(),
+            },
             Err(error) => Outcome::Failed {
                 error: explain(&error),
             },

@@ -92,7 +92,7 @@ pub(crate) async fn status_of(
         .iter()
         .map(|r| {
             vec![
-                r.replica_id.clone(),
+                r.replica_id.to_string(),
                 r.state.clone(),
                 r.incarnation.to_string(),
                 r.tenants_held.to_string(),

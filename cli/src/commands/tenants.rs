@@ -7,7 +7,11 @@ use crate::output::{self, out, print_tenants};
 
 pub(crate) async fn run(connection: &Connection, args: &cli::Tenants) -> Result<(), CliError> {
     let mut query = pgtenant::admin::TenantQuery::default();
-    query.owner = args.owner.clone();
+    query.owner = args
+        .owner
+        .as_deref()
+        .map(pgtenant::ReplicaId::new)
+        .transpose()?;
     query.state = args.state.as_deref().map(str::parse).transpose()?;
     query.after = args.after.clone();
     query.limit = args.limit;
