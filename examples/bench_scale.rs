@@ -1088,7 +1088,9 @@ async fn status(
         q.state = Some(TenantState::Forgotten);
         list.push(("list_tenants --state forgotten", q));
         let mut q = TenantQuery::default();
-        q.behind = Some(code_version);
+        q.behind = Some(pgtenant::SchemaVersion::new(
+            i32::try_from(code_version).expect("version"),
+        ));
         list.push(("list_tenants --behind (none)", q));
         let mut q = TenantQuery::default();
         q.owner = Some(pgtenant::ReplicaId::new("fleet-r007").expect("a replica id"));

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use crate::id::{InvalidTenantId, TenantId};
 use crate::lease::Epoch;
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 
 /// Everything that can go wrong in pgtenant.
 ///
@@ -304,9 +305,9 @@ pub enum Error {
         /// The tenant.
         tenant: TenantId,
         /// The tenant's recorded version.
-        found: i64,
+        found: SchemaVersion,
         /// The newest version this code's migrations reach.
-        supported: i64,
+        supported: SchemaVersion,
     },
 
     /// `forget` with [`ActiveWork::Refuse`](crate::ActiveWork::Refuse) found work in flight.

@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::id::TenantId;
 use crate::lease::{Epoch, Incarnation};
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 
 /// Something that happened to a replica or one of its leases.
 ///
@@ -144,9 +145,9 @@ pub enum Event {
         /// The epoch they ran under.
         epoch: Epoch,
         /// Version before.
-        from: i64,
+        from: SchemaVersion,
         /// Version after.
-        to: i64,
+        to: SchemaVersion,
     },
     /// A tenant was forgotten: its schema moved to the trash, every epoch up to this one masked.
     Forgotten {

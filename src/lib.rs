@@ -75,6 +75,7 @@ mod protocol;
 mod refusal;
 mod replica_id;
 mod router;
+mod schema_version;
 mod sqlstate;
 mod stall;
 mod state;
@@ -95,6 +96,7 @@ pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
 pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
 pub use replica_id::{ReplicaId, MAX_REPLICA_ID_LEN};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
+pub use schema_version::SchemaVersion;
 pub use sqlstate::{
     FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN, NOT_PRIMARY as SQLSTATE_NOT_PRIMARY,
 };

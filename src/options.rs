@@ -10,6 +10,7 @@ use tokio_postgres::Socket;
 use crate::connect::Connector;
 use crate::error::{Error, Result};
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 
 /// How a [`Router`](crate::Router) runs. Build with [`RouterOptions::new`] and the setters;
 /// [`Router::start`](crate::Router::start) validates every value before connecting.
@@ -325,12 +326,12 @@ impl RouterOptions {
     }
 
     /// The version the tenant migrations bring a tenant to (0 without migrations).
-    pub(crate) fn code_version(&self) -> i64 {
+    pub(crate) fn code_version(&self) -> SchemaVersion {
         self.migrations
             .iter()
-            .map(|m| i64::from(m.version()))
+            .map(|m| SchemaVersion::new(m.version()))
             .max()
-            .unwrap_or(0)
+            .unwrap_or(SchemaVersion::NONE)
     }
 
     /// Whether the fence runs as a prepared statement cached per pooled connection (default

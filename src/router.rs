@@ -23,6 +23,7 @@ use crate::options::{Fencing, RouterOptions};
 use crate::protocol::heartbeat::maintain;
 use crate::protocol::tenant_migrations::TenantMigration;
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 use crate::state::shared::Shared;
 use crate::sync::lock;
 
@@ -107,7 +108,7 @@ pub struct TenantStatus {
     /// The live schema.
     pub schema: Option<String>,
     /// The tenant's migration version.
-    pub version: i32,
+    pub version: SchemaVersion,
     /// Why it is quarantined.
     pub quarantine_cause: Option<String>,
     /// What to do about it.
@@ -340,7 +341,7 @@ impl Router {
                 owner_alive: None,
                 expires_in_ms: None,
                 schema: None,
-                version: 0,
+                version: SchemaVersion::NONE,
                 quarantine_cause: None,
                 quarantine_repair: None,
                 here,

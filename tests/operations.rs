@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use pgtenant::admin::{SweepOptions, TenantQuery};
+use pgtenant::SchemaVersion;
 use pgtenant::{ActiveWork, Error, Router, TenantHandle, TenantState};
 use pgtenant_testkit::TestDatabase;
 use support::{options, tenant};
@@ -210,10 +211,13 @@ async fn fleet_status_counts_what_lease_status_says() {
     }
     assert_eq!(status.tenants, 11);
     assert_eq!(status.live, 10);
-    assert_eq!(status.newest_version, Some(2));
+    assert_eq!(status.newest_version, Some(SchemaVersion::new(2)));
     // Below version 2 and not quarantined: every live tenant but free-2 and quarantined-1.
     assert_eq!(status.behind, 8, "{status:#?}");
-    assert_eq!(status.versions, BTreeMap::from([(1, 9), (2, 1)]));
+    assert_eq!(
+        status.versions,
+        BTreeMap::from([(SchemaVersion::new(1), 9), (SchemaVersion::new(2), 1)])
+    );
     assert_eq!((status.trashed, status.trash_due), (1, 0));
     assert!(status.oldest_trashed_at.is_some());
     // ops-a, ops-new, stalled-r, gone-r, rereg-r, sealed-r; three of them alive.
@@ -262,7 +266,7 @@ async fn fleet_status_counts_what_lease_status_says() {
     // fleet_status behind is what migrate_all would pick at that version.
     let behind = pgtenant::admin::list_tenants(&fleet.admin, &{
         let mut q = TenantQuery::default();
-        q.behind = Some(2);
+        q.behind = Some(SchemaVersion::new(2));
         q.quarantined = Some(false);
         q
     })
@@ -492,8 +496,8 @@ async fn every_listing_filter_agrees_with_lease_status() {
     }
     for version in [1, 2, 3] {
         let mut q = TenantQuery::default();
-        q.behind = Some(version);
-        assert_eq!(keys(&q).await, expect(&|t| t.4 && i64::from(t.3) < version));
+        q.behind = Some(SchemaVersion::new(version));
+        assert_eq!(keys(&q).await, expect(&|t| t.4 && t.3 < version));
     }
     let mut q = TenantQuery::default();
     q.owner = Some(support::replica("ops-a"));

@@ -138,8 +138,8 @@ pub(crate) struct Tenants {
     #[arg(long)]
     pub healthy: bool,
     /// Only live tenants whose schema is below this migration version
-    #[arg(long, value_name = "VERSION", value_parser = clap::value_parser!(i64).range(0..=i64::from(i32::MAX)))]
-    pub behind: Option<i64>,
+    #[arg(long, value_name = "VERSION", value_parser = clap::value_parser!(i32).range(0..))]
+    pub behind: Option<i32>,
     /// The page after this tenant
     #[arg(long, value_name = "ORG/LEDGER", value_parser = tenant_id)]
     pub after: Option<pgtenant::TenantId>,

@@ -224,7 +224,7 @@ pub(crate) struct TenantsPage {
 #[derive(Debug, Serialize)]
 pub(crate) struct MigrateReport {
     /// The version the migrations bring a tenant to.
-    pub target_version: i64,
+    pub target_version: pgtenant::SchemaVersion,
     /// Tenants that were behind when the run began.
     pub behind: usize,
     pub results: Vec<TenantMigrated>,
@@ -247,7 +247,10 @@ pub(crate) struct TenantMigrated {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub(crate) enum Outcome {
     /// Now at the migrations' version.
-    Migrated { from: i64, to: i64 },
+    Migrated {
+        from: pgtenant::SchemaVersion,
+        to: pgtenant::SchemaVersion,
+    },
     /// Another live replica holds it: it migrates the tenant at its next open.
     HeldElsewhere { owner: String },
     /// A migration failed: the tenant is quarantined until `pgtenant clear`.

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, TenantState};
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 
 pub use crate::control_plane::{
     control_plane_version, setup_with, supported_version, SetupOptions, SetupReport, CONTROL_SCHEMA,
@@ -28,7 +29,7 @@ pub struct TenantQuery {
     /// Only quarantined (true) or only healthy (false) tenants.
     pub quarantined: Option<bool>,
     /// Only live tenants whose migration version is below this one.
-    pub behind: Option<i64>,
+    pub behind: Option<SchemaVersion>,
     /// The page after this tenant (keyset paging: pass the last tenant of a page).
     pub after: Option<TenantId>,
     /// Page size, 1..=10 000 (default 100).
@@ -81,7 +82,7 @@ pub struct TenantRecord {
     /// The live schema (None when forgotten).
     pub schema: Option<String>,
     /// The tenant's migration version.
-    pub version: i32,
+    pub version: SchemaVersion,
     /// The highest forgotten epoch (0: never forgotten).
     pub forgotten_at_epoch: i64,
     /// Why it is quarantined.
@@ -233,7 +234,7 @@ fn filters(
         None => {}
     }
     if let Some(behind) = query.behind {
-        let p = param(Box::new(i32::try_from(behind).unwrap_or(i32::MAX)));
+        let p = param(Box::new(behind));
         clauses.push(format!("s.schema IS NOT NULL AND s.version < {p}"));
     }
     if let Some(after) = &query.after {
@@ -298,7 +299,7 @@ pub struct TrashRecord {
     /// Its name while live.
     pub live_name: String,
     /// Its migration version.
-    pub version: i32,
+    pub version: SchemaVersion,
     /// When it was trashed (UTC, RFC 3339).
     pub trashed_at: String,
     /// When a sweep began dropping its objects (control plane 12 on): from then on it cannot
@@ -374,12 +375,12 @@ pub struct FleetStatus {
     /// `expired`, both kinds).
     pub states: BTreeMap<String, i64>,
     /// The highest migration version of a live tenant (None without live tenants).
-    pub newest_version: Option<i32>,
+    pub newest_version: Option<SchemaVersion>,
     /// Live tenants, not quarantined, below `newest_version`: what a `migrate` would still do
     /// for code at that version.
     pub behind: i64,
     /// Live tenants per migration version.
-    pub versions: BTreeMap<i32, i64>,
+    pub versions: BTreeMap<SchemaVersion, i64>,
     /// Trashed schemas the sweep has not removed yet.
     pub trashed: i64,
     /// Of those, the ones past the retention asked for: the next sweep drops them.
@@ -474,10 +475,14 @@ fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
         })?;
     let mut versions = BTreeMap::new();
     for (version, count) in by_text {
-        let version: i32 = version.parse().map_err(|_| Error::UnexpectedReply {
-            context: "read pgtenant.fleet_status".to_owned(),
-            detail: format!("versions has a key {version:?} that is not a version number"),
-        })?;
+        let version: SchemaVersion =
+            version
+                .parse()
+                .map(SchemaVersion::new)
+                .map_err(|_| Error::UnexpectedReply {
+                    context: "read pgtenant.fleet_status".to_owned(),
+                    detail: format!("versions has a key {version:?} that is not a version number"),
+                })?;
         versions.insert(version, count);
     }
     Ok(FleetStatus {

@@ -22,6 +22,7 @@ use crate::lease::Epoch;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 use crate::sqlstate;
 use crate::state::bindings::TERMINATE_TIMEOUT;
 use crate::state::credentials::{millis, Credentials};
@@ -51,7 +52,7 @@ struct Answer {
     previous_owner: Option<ReplicaId>,
     took_over: Option<String>,
     quarantine: Option<String>,
-    version: i64,
+    version: SchemaVersion,
     lock_key: i32,
 }
 
@@ -68,7 +69,7 @@ impl Answer {
                 previous_owner: row.try_get(2)?,
                 took_over: row.try_get(3)?,
                 quarantine: row.try_get(4)?,
-                version: i64::from(row.try_get::<_, i32>(5)?),
+                version: row.try_get(5)?,
                 lock_key: row.try_get(6)?,
             })
         };
@@ -382,7 +383,7 @@ async fn create_once(
     .map_err(Error::db_with(context))?;
     crate::protocol::tenant_migrations::apply(&tx, &shared.options.migrations, shared.placement)
         .await?;
-    let version = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
+    let version = shared.options.code_version();
     let epoch_value = epoch.get();
     tx.query_typed(
         "SELECT pgtenant.schema_created($1, $2, $3, $4, $5, $6, $7)",

@@ -19,6 +19,7 @@ use crate::protocol::acquire::install_handle;
 use crate::protocol::session_fencing::seal::Seal;
 use crate::protocol::tenant_migrations::migrate_held;
 use crate::refusal::{self, Scope};
+use crate::schema_version::SchemaVersion;
 use crate::sqlstate;
 use crate::state::shared::{Acquired, ActiveWork, HandleInner, Shared};
 
@@ -186,15 +187,14 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<H
         context: context(),
         detail: "pgtenant.restore returned no row".to_owned(),
     })?;
-    let (epoch, schema, version): (i64, String, i32) = (
+    let (epoch, schema, version): (i64, String, SchemaVersion) = (
         row.try_get(0).map_err(Error::db_with(context))?,
         row.try_get(1).map_err(Error::db_with(context))?,
         row.try_get(2).map_err(Error::db_with(context))?,
     );
     let epoch = Epoch::new(epoch);
     let lock_key: i32 = row.try_get(3).map_err(Error::db_with(context))?;
-    let migrated_from =
-        (i64::from(version) < shared.options.code_version()).then_some(i64::from(version));
+    let migrated_from = (version < shared.options.code_version()).then_some(version);
     if migrated_from.is_some() {
         let lease = (epoch, lock_key);
         migrate_held(shared, &mut client, id, lease, &credentials, &schema).await?;

@@ -9,6 +9,7 @@ use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::protocol::tenant_migrations::{migrate_held, MigrationOutcome, TenantMigration};
+use crate::schema_version::SchemaVersion;
 use crate::state::shared::{HandleInner, Shared};
 use crate::sync::{join_all, lock};
 
@@ -25,8 +26,7 @@ pub(crate) async fn migrate_all(
         });
     }
     let code = shared.options.code_version();
-    let code32 = i32::try_from(code).unwrap_or(i32::MAX);
-    let behind: Vec<(String, i64)> = {
+    let behind: Vec<(String, SchemaVersion)> = {
         let client = shared
             .pool
             .get()
@@ -37,12 +37,12 @@ pub(crate) async fn migrate_all(
                 "SELECT key, schema_version FROM pgtenant.tenants
                   WHERE schema_name IS NOT NULL AND quarantine_cause IS NULL AND schema_version < $1
                   ORDER BY key",
-                &[&code32],
+                &[&code],
             )
             .await
             .map_err(Error::db("list tenants behind on migrations"))?
             .iter()
-            .map(|row| (row.get(0), i64::from(row.get::<_, i32>(1))))
+            .map(|row| (row.get(0), row.get(1)))
             .collect()
     };
     let total = behind.len();
@@ -77,8 +77,8 @@ pub(crate) async fn migrate_all(
 async fn migrate_one(
     shared: &Arc<Shared>,
     id: &TenantId,
-    from: i64,
-    code: i64,
+    from: SchemaVersion,
+    code: SchemaVersion,
 ) -> MigrationOutcome {
     let failed = |error: Error| match error {
         Error::Quarantined { cause, .. } => MigrationOutcome::Quarantined { cause },

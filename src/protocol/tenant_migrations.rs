@@ -16,6 +16,7 @@ use crate::id::TenantId;
 use crate::lease::Epoch;
 use crate::migrate::InTransaction;
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 use crate::state::credentials::Credentials;
 use crate::state::leases::give_back_unused;
 use crate::state::shared::Shared;
@@ -83,7 +84,7 @@ pub(crate) async fn migrate_existing(
     .await
     .map_err(Error::db_with(context))?;
     let applied = apply(&tx, &shared.options.migrations, shared.placement).await?;
-    let code = i32::try_from(shared.options.code_version()).unwrap_or(i32::MAX);
+    let code = shared.options.code_version();
     tx.query_typed(
         "SELECT pgtenant.schema_migrated($1, $2, $3, $4, $5, $6, $7)",
         &[
@@ -182,9 +183,9 @@ pub enum MigrationOutcome {
     /// Brought from one version to the code's.
     Migrated {
         /// Version before.
-        from: i64,
+        from: SchemaVersion,
         /// Version after.
-        to: i64,
+        to: SchemaVersion,
     },
     /// Up to date by the time it was reached.
     UpToDate,

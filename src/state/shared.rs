@@ -23,6 +23,7 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::options::RouterOptions;
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
 use crate::state::credentials::{millis, Credentials};
@@ -342,7 +343,7 @@ pub(crate) struct HandleInner {
     /// The tenant's fence lock key (`pgtenant.tenants.lock_key`).
     pub(crate) lock_key: i32,
     /// The version this tenure's open migrated from, when it ran migrations.
-    pub(crate) migrated_from: Option<i64>,
+    pub(crate) migrated_from: Option<SchemaVersion>,
     /// Whether this tenure began by creating the tenant.
     pub(crate) created: bool,
     pub(crate) schema: String,
@@ -387,7 +388,7 @@ pub(crate) struct Acquired {
     pub(crate) epoch: Epoch,
     pub(crate) credentials: Arc<Credentials>,
     pub(crate) lock_key: i32,
-    pub(crate) migrated_from: Option<i64>,
+    pub(crate) migrated_from: Option<SchemaVersion>,
     pub(crate) schema: String,
     pub(crate) created: bool,
 }

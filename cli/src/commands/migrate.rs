@@ -18,7 +18,11 @@ pub(crate) async fn run(connection: &Connection, args: &cli::Migrate) -> Result<
             dir: dir.clone(),
             reason: explain(&e),
         })?;
-    let Some(target_version) = migrations.iter().map(|m| i64::from(m.version())).max() else {
+    let Some(target_version) = migrations
+        .iter()
+        .map(|m| pgtenant::SchemaVersion::new(m.version()))
+        .max()
+    else {
         return Err(CliError::Migrations {
             dir,
             reason: "no V<n>__name.sql files".into(),
@@ -38,7 +42,7 @@ pub(crate) async fn run(connection: &Connection, args: &cli::Migrate) -> Result<
         query.after = page.last().map(|record| record.tenant.clone());
         behind.extend(
             page.into_iter()
-                .map(|r| (r.tenant.key().to_owned(), i64::from(r.version))),
+                .map(|r| (r.tenant.key().to_owned(), r.version)),
         );
         if !full {
             break;
@@ -139,10 +143,10 @@ pub(crate) async fn run(connection: &Connection, args: &cli::Migrate) -> Result<
 /// One `pgtenant migrate` run, shared by its lanes.
 struct MigrateRun {
     router: Arc<pgtenant::Router>,
-    queue: Mutex<VecDeque<(String, i64)>>,
+    queue: Mutex<VecDeque<(String, pgtenant::SchemaVersion)>>,
     failures: AtomicUsize,
     max_failures: usize,
-    target_version: i64,
+    target_version: pgtenant::SchemaVersion,
     total: usize,
     done: AtomicUsize,
     results: Mutex<Vec<TenantMigrated>>,
@@ -176,7 +180,7 @@ impl MigrateRun {
 
     /// Opening a tenant that is behind migrates it under its lease (and quarantines it when a
     /// migration fails).
-    async fn migrate_one(&self, tenant: &str, from: i64) -> Outcome {
+    async fn migrate_one(&self, tenant: &str, from: pgtenant::SchemaVersion) -> Outcome {
         let id = match pgtenant::TenantId::parse(tenant) {
             Ok(id) => id,
             Err(error) => {

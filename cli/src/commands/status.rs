@@ -277,16 +277,16 @@ fn migrations_line(fleet: &pgtenant::admin::FleetStatus) -> String {
         return "no live tenant".to_owned();
     };
     if fleet.versions.len() == 1 {
-        return match newest {
+        return match newest.get() {
             0 => format!(
                 "no tenant migration has run (all {} live tenant(s) at version 0)",
                 fleet.live
             ),
-            newest => format!("all {} live tenant(s) at version {newest}", fleet.live),
+            _ => format!("all {} live tenant(s) at version {newest}", fleet.live),
         };
     }
     // The most common versions first; a fleet mid-rollout has two or three.
-    let mut versions: Vec<(&i32, &i64)> = fleet.versions.iter().collect();
+    let mut versions: Vec<(&pgtenant::SchemaVersion, &i64)> = fleet.versions.iter().collect();
     versions.sort_by(|a, b| b.1.cmp(a.1).then(b.0.cmp(a.0)));
     let mut shown: Vec<String> = versions
         .iter()

@@ -15,7 +15,7 @@ pub(crate) async fn run(connection: &Connection, args: &cli::Tenants) -> Result<
     query.state = args.state.as_deref().map(str::parse).transpose()?;
     query.after = args.after.clone();
     query.limit = args.limit;
-    query.behind = args.behind;
+    query.behind = args.behind.map(pgtenant::SchemaVersion::new);
     query.quarantined = match (args.quarantined, args.healthy) {
         (true, _) => Some(true),
         (_, true) => Some(false),
