@@ -717,8 +717,8 @@ impl From<tokio_postgres::Error> for Error {
 }
 
 impl From<deadpool_postgres::PoolError> for Error {
-    /// Lets `?` carry a pool error out of code that uses
-    /// [`Router::pool`](crate::Router::pool) directly.
+    /// Lets `?` carry a pool error out of code that uses its own pool (the one it gave
+    /// [`RouterOptions::pool`](crate::RouterOptions::pool)).
     fn from(error: deadpool_postgres::PoolError) -> Self {
         pool_error("get a pooled connection")(error)
     }
