@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use crate::id::{InvalidTenantId, TenantId};
 use crate::lease::Epoch;
-use crate::replica_id::ReplicaId;
+use crate::replica_id::{InvalidReplicaId, ReplicaId};
 use crate::schema_version::SchemaVersion;
 
 /// Everything that can go wrong in pgtenant.
@@ -713,6 +713,15 @@ impl From<tokio_postgres::Error> for Error {
     /// Lets `?` carry a driver error out of work run through a tenant handle.
     fn from(source: tokio_postgres::Error) -> Self {
         Error::database(Cow::Borrowed("tenant work"), source)
+    }
+}
+
+impl From<InvalidReplicaId> for Error {
+    fn from(error: InvalidReplicaId) -> Self {
+        Error::InvalidOption {
+            option: error.option,
+            reason: error.reason,
+        }
     }
 }
 

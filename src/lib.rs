@@ -94,7 +94,7 @@ pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
 pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
-pub use replica_id::{ReplicaId, MAX_REPLICA_ID_LEN};
+pub use replica_id::{InvalidReplicaId, ReplicaId, MAX_REPLICA_ID_LEN};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
 pub use schema_version::SchemaVersion;
 pub use sqlstate::{

@@ -13,10 +13,21 @@ use bytes::BytesMut;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
-use crate::error::{Error, Result};
-
 /// The longest replica id, in bytes (`pgtenant.replicas`' check constraint says the same).
 pub const MAX_REPLICA_ID_LEN: usize = 63;
+
+/// A replica id that broke the rule; nothing was touched. Converts into
+/// [`Error::InvalidOption`](crate::Error::InvalidOption) naming the same option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {option}: {reason}")]
+pub struct InvalidReplicaId {
+    /// The option or argument that carried the id (`replica_id`, `requester`).
+    pub option: &'static str,
+    /// The value and the rule it broke.
+    pub reason: String,
+}
+
+type Result<T> = std::result::Result<T, InvalidReplicaId>;
 
 /// A replica's id: 1 to 63 ASCII letters, digits, `.`, `_`, `:` or `-`, starting with a
 /// letter or digit. Cheap to clone; compares with `&str`; serialized as the bare string.
@@ -24,8 +35,8 @@ pub const MAX_REPLICA_ID_LEN: usize = 63;
 pub struct ReplicaId(Arc<str>);
 
 impl ReplicaId {
-    /// Checks `id` against the rule. The error is [`Error::InvalidOption`] naming
-    /// `replica_id`, the value and the rule.
+    /// Checks `id` against the rule. The error names the value and the rule; it converts
+    /// into [`Error::InvalidOption`](crate::Error::InvalidOption) for `?`.
     pub fn new(id: impl AsRef<str>) -> Result<ReplicaId> {
         let id = id.as_ref();
         check("replica_id", id)?;
@@ -55,7 +66,7 @@ pub(crate) fn check(option: &'static str, id: &str) -> Result<()> {
     if ok {
         return Ok(());
     }
-    Err(Error::InvalidOption {
+    Err(InvalidReplicaId {
         option,
         reason: format!(
             "{:?} must be 1 to {MAX_REPLICA_ID_LEN} ASCII letters, digits, '.', '_', ':' or '-', \
@@ -114,21 +125,21 @@ impl PartialEq<ReplicaId> for &str {
 }
 
 impl FromStr for ReplicaId {
-    type Err = Error;
+    type Err = InvalidReplicaId;
     fn from_str(id: &str) -> Result<ReplicaId> {
         ReplicaId::new(id)
     }
 }
 
 impl TryFrom<&str> for ReplicaId {
-    type Error = Error;
+    type Error = InvalidReplicaId;
     fn try_from(id: &str) -> Result<ReplicaId> {
         ReplicaId::new(id)
     }
 }
 
 impl TryFrom<String> for ReplicaId {
-    type Error = Error;
+    type Error = InvalidReplicaId;
     fn try_from(id: String) -> Result<ReplicaId> {
         check("replica_id", &id)?;
         Ok(ReplicaId(Arc::from(id)))

@@ -9,150 +9,12 @@
 //! path outside comments and the `#[cfg(test)] mod tests` at a file's end.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+mod import_graph;
 
-/// Module path (`protocol::session_fencing::bind`) → the file's text, as it is.
+use import_graph::Graph;
+
 fn sources() -> BTreeMap<String, String> {
-    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)
-            .unwrap_or_else(|error| panic!("read {}: {error}", dir.display()))
-            .map(|entry| entry.expect("a directory entry").path())
-            .collect();
-        entries.sort();
-        for path in entries {
-            if path.is_dir() {
-                walk(&path, root, out);
-                continue;
-            }
-            if path.extension().is_none_or(|ext| ext != "rs") {
-                continue;
-            }
-            let relative = path.strip_prefix(root).expect("under src");
-            let mut parts: Vec<String> = relative
-                .iter()
-                .map(|part| part.to_string_lossy().trim_end_matches(".rs").to_owned())
-                .collect();
-            if parts.last().is_some_and(|last| last == "mod") {
-                parts.pop();
-            }
-            let name = if parts.is_empty() || parts == ["lib"] {
-                "lib".to_owned()
-            } else {
-                parts.join("::")
-            };
-            let text = std::fs::read_to_string(&path).expect("a readable source file");
-            out.insert(name, text);
-        }
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut out = BTreeMap::new();
-    walk(&root, &root, &mut out);
-    out
-}
-
-/// The text without `//` comments and without the trailing test module.
-fn code_only(text: &str) -> String {
-    let mut code = String::new();
-    let mut lines = text.lines().peekable();
-    while let Some(line) = lines.next() {
-        if line.trim() == "#[cfg(test)]"
-            && lines
-                .peek()
-                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
-        {
-            break;
-        }
-        code.push_str(line.split("//").next().unwrap_or(""));
-        code.push('\n');
-    }
-    code
-}
-
-/// Names at the crate root (`crate::Error`) → the module they come from: `lib.rs`'s `pub use`s,
-/// and `lib` itself for what it defines.
-fn root_names(lib: &str, names: &BTreeSet<String>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    // One statement per `;`: a `pub use a::b::{C, D as E};` may span lines.
-    for statement in lib.split(';') {
-        let statement = statement.split_whitespace().collect::<Vec<_>>().join(" ");
-        if let Some(path) = statement.strip_prefix("pub use ") {
-            let (module, items) = match path.split_once("::{") {
-                Some((module, items)) => (module.to_owned(), items.trim_end_matches('}')),
-                None => match path.rsplit_once("::") {
-                    Some((module, item)) => (module.to_owned(), item),
-                    None => continue, // a dependency re-exported whole
-                },
-            };
-            let module = module.trim_start_matches("crate::").to_owned();
-            if !names.contains(&module) {
-                continue;
-            }
-            for item in items.split(',') {
-                let name = item.rsplit(" as ").next().unwrap_or(item).trim();
-                if !name.is_empty() {
-                    out.insert(name.to_owned(), module.clone());
-                }
-            }
-        }
-        for keyword in [
-            "pub type ",
-            "pub struct ",
-            "pub enum ",
-            "pub fn ",
-            "pub const ",
-        ] {
-            if let Some(at) = statement.find(keyword) {
-                let name: String = statement[at + keyword.len()..]
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                out.insert(name, "lib".to_owned());
-            }
-        }
-    }
-    out
-}
-
-/// The modules `text` imports, each as the longest module path a `crate::…` path starts with
-/// (a crate-root name as the module it comes from).
-fn imports(
-    text: &str,
-    names: &BTreeSet<String>,
-    root: &BTreeMap<String, String>,
-    me: &str,
-) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    for (at, _) in text.match_indices("crate::") {
-        if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-            continue; // `$crate::` or a longer identifier
-        }
-        let path: Vec<&str> = text[at + "crate::".len()..]
-            .split("::")
-            .map(|segment| {
-                let end = segment
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(segment.len());
-                &segment[..end]
-            })
-            .take_while(|segment| !segment.is_empty())
-            .collect();
-        if let Some(module) = path.first().and_then(|first| root.get(*first)) {
-            if module != me {
-                found.insert(module.clone());
-            }
-            continue;
-        }
-        for len in (1..=path.len()).rev() {
-            let candidate = path[..len].join("::");
-            if names.contains(&candidate) {
-                if candidate != me {
-                    found.insert(candidate);
-                }
-                break;
-            }
-        }
-    }
-    found
+    import_graph::sources(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn layer(module: &str) -> (u8, &'static str) {
@@ -197,29 +59,13 @@ fn protocol_table(doc: &str) -> Vec<(Vec<String>, Vec<String>)> {
 #[test]
 fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_protocol_is_built_of() {
     let sources = sources();
-    let modules: BTreeMap<String, String> = sources
-        .iter()
-        .map(|(name, text)| (name.clone(), code_only(text)))
-        .collect();
+    let crate_graph = Graph::of(env!("CARGO_MANIFEST_DIR"));
+    let mut problems = crate_graph.circles_and_hidden_imports();
+    let (modules, graph) = (&crate_graph.modules, &crate_graph.edges);
     let names: BTreeSet<String> = modules.keys().cloned().collect();
-    let root = root_names(&modules["lib"], &names);
-    let graph: BTreeMap<&str, BTreeSet<String>> = modules
-        .iter()
-        .map(|(name, text)| (name.as_str(), imports(text, &names, &root, name)))
-        .collect();
-    let mut problems = Vec::new();
-
-    for (name, text) in &modules {
-        if text.contains("super::") || text.contains("crate::{") {
-            problems.push(format!(
-                "{name}: write each import as a full `crate::a::b` path (no `super::`, no \
-                 `crate::{{…}}`) so that this check sees it"
-            ));
-        }
-    }
 
     // Up the layers: never.
-    for (from, targets) in &graph {
+    for (from, targets) in graph {
         for to in targets {
             let (from_rank, from_layer) = layer(from);
             let (to_rank, to_layer) = layer(to);
@@ -269,7 +115,7 @@ fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_proto
         }
         let mut used = BTreeSet::new();
         for file in files {
-            for to in graph.get(file.as_str()).into_iter().flatten() {
+            for to in graph.get(file).into_iter().flatten() {
                 if to.starts_with("protocol") {
                     used.insert(to);
                 }
@@ -294,36 +140,7 @@ fn every_import_goes_down_the_layers_and_the_protocol_table_says_what_each_proto
         }
     }
 
-    // No circle anywhere (the layers rule alone allows one within a layer).
-    fn visit<'a>(
-        node: &'a str,
-        graph: &'a BTreeMap<&str, BTreeSet<String>>,
-        path: &mut Vec<&'a str>,
-        done: &mut BTreeSet<&'a str>,
-        problems: &mut Vec<String>,
-    ) {
-        if let Some(at) = path.iter().position(|seen| *seen == node) {
-            problems.push(format!(
-                "import circle: {} → {node}",
-                path[at..].join(" → ")
-            ));
-            return;
-        }
-        if !done.insert(node) {
-            return;
-        }
-        path.push(node);
-        for next in graph.get(node).into_iter().flatten() {
-            visit(next, graph, path, done, problems);
-        }
-        path.pop();
-    }
-    let mut done = BTreeSet::new();
-    for node in graph.keys() {
-        visit(node, &graph, &mut Vec::new(), &mut done, &mut problems);
-    }
-
-    let edges: usize = graph.values().map(BTreeSet::len).sum();
+    let edges = crate_graph.import_count();
     println!("{} modules, {edges} imports", modules.len());
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

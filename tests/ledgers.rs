@@ -778,7 +778,7 @@ async fn listing_pages_and_filters_and_refuses_hostile_filters() {
             "state" => value.parse::<pgtenant::TenantState>().err(),
             "after" => TenantId::parse(value).err(),
             // The owner filter is a ReplicaId: checked where it is made.
-            _ => pgtenant::ReplicaId::new(value).err(),
+            _ => pgtenant::ReplicaId::new(value).map_err(Error::from).err(),
         };
         match refused {
             Some(Error::InvalidOption { .. } | Error::InvalidTenantId(_)) => {}

@@ -504,13 +504,17 @@ async fn request_handoff_moves_a_tenant_and_the_reservation_keeps_others_out() {
         .await
         .expect("the reserved replica takes it");
     // A replica id is checked where it is made, before any handoff can name it.
-    assert!(matches!(
-        pgtenant::ReplicaId::new("not a replica!"),
-        Err(Error::InvalidOption {
-            option: "replica_id",
-            ..
-        })
-    ));
+    let refused = pgtenant::ReplicaId::new("not a replica!").map_err(Error::from);
+    assert!(
+        matches!(
+            refused,
+            Err(Error::InvalidOption {
+                option: "replica_id",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
     for r in [owner, asker, third] {
         r.close().await;
     }

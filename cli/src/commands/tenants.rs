@@ -11,7 +11,8 @@ pub(crate) async fn run(connection: &Connection, args: &cli::Tenants) -> Result<
         .owner
         .as_deref()
         .map(pgtenant::ReplicaId::new)
-        .transpose()?;
+        .transpose()
+        .map_err(pgtenant::Error::from)?;
     query.state = args.state.as_deref().map(str::parse).transpose()?;
     query.after = args.after.clone();
     query.limit = args.limit;
