@@ -18,7 +18,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -131,14 +130,7 @@ fn partition_child() {
             "ready {} {refused}",
             router.incarnation().map_or(0, |i| i.get())
         ));
-        let (tx, mut commands) = mpsc::unbounded_channel::<String>();
-        std::thread::spawn(move || {
-            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let mut commands = support::stdin_lines();
         let mut handles: HashMap<String, TenantHandle> = HashMap::new();
         while let Some(line) = commands.recv().await {
             let words: Vec<&str> = line.split_whitespace().collect();

@@ -428,14 +428,7 @@ pub(crate) fn child_main() {
             "ready {}",
             router.incarnation().map_or(0, |i| i.get())
         ));
-        let (tx, mut commands) = mpsc::unbounded_channel::<String>();
-        std::thread::spawn(move || {
-            for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let mut commands = stdin_lines();
         let mut handles: std::collections::HashMap<String, TenantHandle> = Default::default();
         while let Some(line) = commands.recv().await {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -600,6 +593,20 @@ async fn copy_forever(handle: TenantHandle, writer: String, sent: oneshot::Sende
 /// A row for `copy_in` (its sink takes any `Buf`).
 fn bytes_of(row: String) -> std::io::Cursor<Vec<u8>> {
     std::io::Cursor::new(row.into_bytes())
+}
+
+/// A child process's commands: its stdin's lines, read on a thread of their own so that a
+/// blocked read never stalls the runtime.
+pub(crate) fn stdin_lines() -> mpsc::UnboundedReceiver<String> {
+    let (tx, commands) = mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    commands
 }
 
 pub(crate) fn say(line: &str) {
