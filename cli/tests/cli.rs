@@ -94,13 +94,15 @@ fn the_demo_runs_on_a_throwaway_postgres() {
             "{expected:?} missing from:\n{shown}"
         );
     }
-    // The crashed owner's stale handle is refused either by the database (its connection was
-    // sealed, so a new one cannot bind: fenced) or, when its router has already seen its lease
-    // session drop, before anything is sent: which comes first is a race, both are refusals.
+    // The crashed owner's stale handle is refused: by the database (its connection was sealed,
+    // so a new one cannot bind: fenced), or before anything is sent, because its router has seen
+    // its lease session drop or, as the demo's "crash" is a dropped router, because the handle
+    // knows its router is gone (issue 27 named that case instead of "registering again").
     assert!(
         [
             "stale handle tries to write: refused (fenced",
             "stale handle tries to write: refused (replica replica-c is not registered",
+            "stale handle tries to write: refused (this replica's router was closed or dropped",
         ]
         .iter()
         .any(|refusal| shown.contains(refusal)),
