@@ -204,7 +204,9 @@ impl Router {
     /// temporary tables, prepared statements, cursors, sequences' `lastval`, advisory locks,
     /// LISTENs) runs on it first, so nothing a tenant's work left reaches this work (G6). Its
     /// session is read-only by default: start a `READ WRITE` transaction to write. Give it back
-    /// by dropping it; the next tenant to get it resets it again.
+    /// by dropping it; the next tenant to get it resets it again. Cancel-safe: a call dropped
+    /// before it returns gives the connection back to the pool, where the next tenant's
+    /// transaction resets it as after any other use outside the data path.
     ///
     /// The pool itself is not handed out: a connection taken from it directly could carry the
     /// last tenant's session state. An application that wants its own pool passes one to

@@ -315,25 +315,6 @@ async fn backend_of(
     }
 }
 
-/// The rows of `ledger`'s log, through `handle` (which holds it): (epoch, seq, writer,
-/// seen_max_epoch).
-async fn log_rows(handle: &TenantHandle) -> Vec<(i64, i64, String, i64)> {
-    handle
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(
-                    tx.query("SELECT epoch, seq, writer, seen_max_epoch FROM log", &[])
-                        .await?
-                        .iter()
-                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
-                        .collect(),
-                )
-            })
-        })
-        .await
-        .expect("read the log")
-}
-
 /// Nothing stale (no row committed under an epoch below one already committed) and exactly
 /// the `present` (writer, seq) rows of `writers`, none of `absent`.
 fn assert_log(
@@ -541,7 +522,7 @@ async fn a_lost_nodes_replica_id_registers_again_on_a_new_address_within_the_bou
         ),
     ] {
         let handle = take_over(&checker, &tenant(ledger), Duration::from_secs(30)).await;
-        assert_log(&log_rows(&handle).await, &present, &[], ledger);
+        assert_log(&support::log_rows(&handle).await, &present, &[], ledger);
     }
     checker.close().await;
 }
@@ -619,7 +600,7 @@ async fn partitioned_midway(midway: Midway) {
          ({cut_off}); serving again {back:?} after that"
     );
     assert_log(
-        &log_rows(&taken).await,
+        &support::log_rows(&taken).await,
         &[("inside", 1), ("outside", 1)],
         &[("inside", 2)],
         "mid",

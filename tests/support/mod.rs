@@ -1336,11 +1336,9 @@ pub(crate) async fn own_server() -> (pgtenant_testkit::LocalCluster, TestDatabas
     (cluster, db)
 }
 
-/// The history's verdict on one ledger, read through `handle` (the checker's, which took it
-/// over): no row committed under an epoch lower than one already committed for the tenant
-/// (G1, G3) and every acknowledged row present (G4). Returns how many rows were acknowledged.
-pub(crate) async fn check_history(handle: &TenantHandle, ledger: &str, history: &History) -> usize {
-    let rows: Vec<(i64, i64, String, i64)> = handle
+/// Every row of the ledger's log: (epoch, seq, writer, seen_max_epoch).
+pub(crate) async fn log_rows(handle: &TenantHandle) -> Vec<(i64, i64, String, i64)> {
+    handle
         .read(|tx| {
             Box::pin(async move {
                 Ok::<_, pgtenant::Error>(
@@ -1353,7 +1351,14 @@ pub(crate) async fn check_history(handle: &TenantHandle, ledger: &str, history: 
             })
         })
         .await
-        .expect("read the log");
+        .expect("read the log")
+}
+
+/// The history's verdict on one ledger, read through `handle` (the checker's, which took it
+/// over): no row committed under an epoch lower than one already committed for the tenant
+/// (G1, G3) and every acknowledged row present (G4). Returns how many rows were acknowledged.
+pub(crate) async fn check_history(handle: &TenantHandle, ledger: &str, history: &History) -> usize {
+    let rows = log_rows(handle).await;
     let stale: Vec<_> = rows
         .iter()
         .filter(|(epoch, _, _, seen)| seen > epoch)
