@@ -136,6 +136,24 @@ impl Graph {
     }
 }
 
+/// The whole check of a crate with no layer rules of its own (the CLI, the test kit): no
+/// circle, no import the parser cannot see, and a parser that found the imports.
+pub(crate) fn assert_no_circles(manifest_dir: &str) {
+    let graph = Graph::of(manifest_dir);
+    let problems = graph.circles_and_hidden_imports();
+    println!(
+        "{} modules, {} imports",
+        graph.modules.len(),
+        graph.import_count()
+    );
+    assert!(
+        graph.import_count() > graph.modules.len(),
+        "the parser found almost no imports: {:?}",
+        graph.edges
+    );
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// Names at the crate root (`crate::Error`) → the module they come from: the root's
 /// `pub use`s, and the root itself (`root_module`) for what it defines.
 fn root_names(
