@@ -159,7 +159,7 @@ pub async fn setup(client: &mut Client) -> Result<SetupReport> {
 }
 
 async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Result<SetupReport> {
-    let transaction = crate::control::begin_read_write(client)
+    let transaction = crate::db::begin_read_write(client)
         .await
         .map_err(Error::db("begin control-plane setup"))?;
     transaction

@@ -60,7 +60,7 @@
 pub mod admin;
 mod citus;
 mod connect;
-mod control;
+mod db;
 mod control_plane;
 mod data_pool;
 mod error;

@@ -13,7 +13,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use tracing::{info, warn};
 
-use crate::control;
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -195,7 +195,7 @@ pub(crate) async fn acquire(
     let params = acquire_params(&texts, &credentials, &incarnation, &false, &bounds);
     let mut round = 0;
     let opened = loop {
-        match control::call(&client, ACQUIRE_SQL, &params).await {
+        match db::call(&client, ACQUIRE_SQL, &params).await {
             Err(error)
                 if sqlstate::of(&error) == Some(sqlstate::PREPARED) && round < PREPARED_ROUNDS =>
             {
@@ -337,7 +337,7 @@ async fn create_once(
     salt: u32,
 ) -> Result<Arc<HandleInner>> {
     let context = || format!("create tenant {id}");
-    let tx = control::begin_read_write(client)
+    let tx = db::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
     let texts = (

@@ -9,7 +9,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::CancelToken;
 use tracing::info;
 
-use crate::control;
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -87,7 +87,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
     let credentials = &handle.credentials;
     let (key, secret, epoch) = (handle.id.key(), credentials.secret(), handle.epoch.get());
     let incarnation = credentials.incarnation.get();
-    let forgotten = control::call(
+    let forgotten = db::call(
         &client,
         "SELECT pgtenant.forget($1, $2, $3, $4, $5)",
         &[
@@ -159,7 +159,7 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<H
         // function checks; a taken name (a deliberate hash collision) moves to the next salt.
         let name = id.schema_name_salted(next, salt);
         let seal = Seal::new(key, &credentials);
-        let restored = control::call_after(
+        let restored = db::call_after(
             &client,
             (Seal::SQL, &seal.params()),
             "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4, $5)",

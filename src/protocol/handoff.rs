@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use tokio_postgres::types::Type;
 use tracing::{debug, warn};
 
-use crate::control;
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -93,7 +93,7 @@ pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
         epoch: Epoch::new(0),
         replica: credentials.replica.as_str(),
     };
-    control::call(
+    db::call(
         &client,
         "SELECT pgtenant.request_handoff($1, $2, $3, $4)",
         &[
@@ -121,7 +121,7 @@ async fn take_request(inner: &HandleInner, requester: &str) -> Result<bool> {
         .map_err(pool_error("check a handoff request"))?;
     let credentials = &inner.credentials;
     let incarnation = credentials.incarnation.get();
-    let rows = control::call(
+    let rows = db::call(
         &client,
         "SELECT pgtenant.take_handoff_request($1, $2, $3, $4, $5)",
         &[

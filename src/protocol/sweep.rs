@@ -310,7 +310,7 @@ async fn drop_schema(
     let batch = i64::try_from(options.objects_per_transaction).unwrap_or(20);
     let mut dropped = 0;
     loop {
-        let tx = crate::control::begin_read_write(client)
+        let tx = crate::db::begin_read_write(client)
             .await
             .map_err(Error::db_with(context))?;
         tx.execute(

@@ -9,7 +9,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 use tracing::warn;
 
-use crate::control;
+use crate::db;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
@@ -67,7 +67,7 @@ pub(crate) async fn migrate_existing(
     schema: &str,
 ) -> Result<()> {
     let context = || format!("migrate tenant {id} at epoch {epoch}");
-    let tx = control::begin_read_write(client)
+    let tx = db::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
     let (key, secret, epoch_value) = (id.key(), credentials.secret(), epoch.get());
@@ -144,7 +144,7 @@ pub(crate) async fn after_failed_migration(
         credentials.secret(),
     );
     let (epoch, incarnation) = (epoch.map(Epoch::get), credentials.incarnation.get());
-    let quarantined = control::call(
+    let quarantined = db::call(
         client,
         "SELECT pgtenant.quarantine($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         &[

@@ -14,7 +14,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::Type;
 
-use crate::control;
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
@@ -176,7 +176,7 @@ pub(crate) async fn release_now(
         [(id, ..)] => format!("release tenant {id}"),
         _ => format!("release {} leases", releases.len()),
     };
-    let rows = control::call(
+    let rows = db::call(
         client,
         "SELECT ord, released FROM pgtenant.release($1, $2, $3, $4, $5, $6, $7, $8)",
         &[

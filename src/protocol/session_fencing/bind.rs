@@ -8,7 +8,7 @@
 use deadpool_postgres::Object;
 use tokio_postgres::types::Type;
 
-use crate::control;
+use crate::db;
 use crate::error::{Error, Result};
 use crate::sqlstate;
 use crate::state::bindings::LASTING_AFTER;
@@ -43,7 +43,7 @@ pub(crate) async fn bound(
         return Err(down());
     }
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let pid: i32 = control::call(
+    let pid: i32 = db::call(
         object,
         "SELECT pgtenant.bind($1, $2, $3)",
         &[

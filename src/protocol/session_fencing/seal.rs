@@ -17,7 +17,7 @@ const SEAL_SQL: &str = "SELECT pgtenant.seal_owner($1, $2, $3, $4, $5)";
 
 /// The seal an acquisition (`acquire.rs`) or a restore (`forget.rs`) of `key` as
 /// `credentials`' incarnation runs first in its transaction: [`SEAL_SQL`] and its parameters
-/// (key, replica, incarnation, secret, terminate timeout ms), for `control::call_after`.
+/// (key, replica, incarnation, secret, terminate timeout ms), for `db::call_after`.
 pub(crate) struct Seal<'a> {
     key: &'a str,
     replica: &'a str,

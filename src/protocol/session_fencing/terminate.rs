@@ -6,7 +6,7 @@
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Type;
 
-use crate::control;
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::state::bindings::TERMINATE_TIMEOUT;
@@ -29,7 +29,7 @@ pub(crate) async fn terminate_work(
         .map_err(pool_error("terminate work in flight"))?;
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
     let timeout = i64::from(millis(TERMINATE_TIMEOUT));
-    control::call(
+    db::call(
         &client,
         "SELECT pgtenant.terminate_work($1, $2, $3, $4, $5)",
         &[

@@ -1,5 +1,17 @@
-//! Control-plane calls on data-path connections (DESIGN §4, G8: every lease transition is a
-//! `SECURITY DEFINER` function called from here).
+//! The data-access layer (DESIGN §4): the one place pgtenant writes control-plane SQL and
+//! sends it. Every state change of the control plane is a `SECURITY DEFINER` function (G8); each
+//! has one typed Rust call here, named after it, so a protocol reads as a sequence of calls
+//! and `tests/layers.rs` fails on a statement naming schema `pgtenant` anywhere else.
+//!
+//! * `mod.rs`: how a call travels (below).
+//! * `fence.rs`: the fence, the session-fencing entry, the commit check (the hot path).
+//! * `leases.rs`: acquire, schema_created, release, handoff requests, lease status.
+//! * `sessions.rs`: session fencing's bind, seal and terminate, and the session reset.
+//! * `tenants.rs`: forget, restore, schema_migrated, quarantine, the tenants a migration walks.
+//! * `replicas.rs`: register, deregister, heartbeat, liveness, lock keys.
+//! * `sweep.rs`: the trash, the sweep's records, pruning.
+//! * `admin.rs`: the operators' reads and calls.
+//! * `setup.rs`: the setup lock, grants, the control plane's version.
 //!
 //! Data sessions start read-only (`default_transaction_read_only`, G6), and a previous user of
 //! a pooled connection may have left session state behind (a `SET ROLE` under which the
@@ -7,6 +19,15 @@
 //! of a control-plane function on a pooled connection runs in its own `READ WRITE`
 //! transaction, after `pgtenant.reset_session`, and all four statements travel in one flight:
 //! one round trip, as the bare call took before.
+
+pub(crate) mod admin;
+pub(crate) mod fence;
+pub(crate) mod leases;
+pub(crate) mod replicas;
+pub(crate) mod sessions;
+pub(crate) mod setup;
+pub(crate) mod sweep;
+pub(crate) mod tenants;
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
