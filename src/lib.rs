@@ -60,6 +60,7 @@
 pub mod admin;
 mod citus;
 mod connect;
+mod credentials;
 mod db;
 mod control_plane;
 mod data_pool;

@@ -1,3 +1,170 @@
-//! The fence (DESIGN §5 "Fenced transaction"): the statements that enter a tenant's transaction
-//! under its lease's epoch, the session-fencing entry, and the commit check. The hot path: each
-//! call returns the driver's future unawaited, so callers can pipeline it with BEGIN or COMMIT.
+//! The fence (DESIGN §5 "Fenced transaction", "Data sessions and session fencing"): the
+//! statements that enter a tenant's transaction under its lease's epoch, the session-fencing
+//! entry, the session reset, and the commit check. The hot path: each call sends at its first
+//! poll, so a caller pipelines it with the work's first statement or with `COMMIT` by polling
+//! both in one `join!`.
+
+use deadpool_postgres::ClientWrapper;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Error, Statement, Transaction};
+
+use crate::lease::Epoch;
+
+/// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
+/// search_path + the marker cursor). Every form takes (key, epoch, lock key, idle ms) and
+/// returns one row or raises.
+const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
+/// The read-only variant: the same checks without the lock.
+const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
+/// Both on a connection that reports the transaction signal (V9): no marker cursor and no
+/// hygiene check (the client decides the reset); the same arguments.
+const FENCE_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_signalled($1, $2, $3, $4)";
+const FENCE_READ_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_read_signalled($1, $2, $3, $4)";
+const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
+/// Session fencing's one statement per transaction (the connection is bound): hygiene,
+/// search_path, the marker cursor; no row read, no lock.
+const ENTER_SQL: &str = "SELECT pgtenant.enter($1, $2)";
+const ENTER_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
+/// Session fencing on a connection whose server reports the transaction signal (`wire.rs`):
+/// the pin, the same statement an unfenced schema-per-tenant transaction sends, plus
+/// read-write for this transaction (data sessions default to read-only) and the commit
+/// check's setting. Its one parameter is the `search_path`.
+const PIN_SQL: &str = "SELECT pg_catalog.set_config('search_path', $1, true), \
+                       pg_catalog.set_config('default_transaction_read_only', 'off', true), \
+                       pg_catalog.set_config('pgtenant.fenced', 'on', true)";
+const PIN_TYPES: [Type; 1] = [Type::TEXT];
+/// The commit check, sent in the same flight as `COMMIT`: every entry sets `pgtenant.fenced`
+/// for its own transaction only, so once anything ended that transaction the setting is gone
+/// and the cast fails (check violation, [`ENDED_CONSTRAINT`]); in a transaction the work left
+/// aborted it fails too (25P02). Either way the `COMMIT` behind it commits nothing.
+const CHECK_SQL: &str =
+    "SELECT pg_catalog.current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction";
+/// The session reset, pipelined ahead of the entry when the connection changes tenant.
+const RESET_SQL: &str = "SELECT pgtenant.reset_session($1)";
+
+/// The constraint the commit check violates once the fenced transaction was ended (V11).
+pub(crate) const ENDED_CONSTRAINT: &str = "the_work_ended_the_fenced_transaction";
+
+/// The statements a fenced transaction is entered and checked with, each prepared once per
+/// pooled connection (the server then neither parses nor plans it) or sent unnamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// `pgtenant.fence`: read-only without the lock; signalled on a connection that reports
+    /// the transaction signal (the client decides the reset).
+    Fence { read_only: bool, signalled: bool },
+    /// `pgtenant.enter`, session fencing's entry on a bound connection.
+    Enter,
+    /// The pin: session fencing on a connection that reports the transaction signal.
+    Pin,
+    /// The commit check.
+    Check,
+}
+
+impl Form {
+    fn sql(self) -> &'static str {
+        match self {
+            Form::Fence {
+                read_only: false,
+                signalled: false,
+            } => FENCE_SQL,
+            Form::Fence {
+                read_only: true,
+                signalled: false,
+            } => FENCE_READ_SQL,
+            Form::Fence {
+                read_only: false,
+                signalled: true,
+            } => FENCE_SIGNALLED_SQL,
+            Form::Fence {
+                read_only: true,
+                signalled: true,
+            } => FENCE_READ_SIGNALLED_SQL,
+            Form::Enter => ENTER_SQL,
+            Form::Pin => PIN_SQL,
+            Form::Check => CHECK_SQL,
+        }
+    }
+
+    fn types(self) -> &'static [Type] {
+        match self {
+            Form::Fence { .. } => &FENCE_TYPES,
+            Form::Enter => &ENTER_TYPES,
+            Form::Pin => &PIN_TYPES,
+            Form::Check => &[],
+        }
+    }
+}
+
+/// `form` prepared on this pooled connection, once: later calls find it in the connection's
+/// statement cache.
+pub(crate) async fn prepare(client: &ClientWrapper, form: Form) -> Result<Statement, Error> {
+    client.prepare_cached(form.sql()).await
+}
+
+/// Sends `form` with `params`: the prepared statement, or the text unnamed (behind a pooler
+/// that keeps no prepared statements).
+async fn send(
+    tx: &Transaction<'_>,
+    form: Form,
+    prepared: Option<&Statement>,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<(), Error> {
+    match prepared {
+        Some(statement) => tx.query(statement, params).await.map(drop),
+        None => {
+            let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
+                .iter()
+                .copied()
+                .zip(form.types().iter().cloned())
+                .collect();
+            tx.query_typed(form.sql(), &typed).await.map(drop)
+        }
+    }
+}
+
+/// `pgtenant.fence`: passes only while `epoch` is the tenant's current lease, and sets the
+/// transaction up for the tenant's schema. `form` must be a [`Form::Fence`].
+pub(crate) async fn fence(
+    tx: &Transaction<'_>,
+    form: Form,
+    prepared: Option<&Statement>,
+    key: &str,
+    epoch: Epoch,
+    lock_key: i32,
+    idle_ms: &str,
+) -> Result<(), Error> {
+    let epoch = epoch.get();
+    send(tx, form, prepared, &[&key, &epoch, &lock_key, &idle_ms]).await
+}
+
+/// `pgtenant.enter`: session fencing's entry on a connection bound to this incarnation.
+pub(crate) async fn enter(
+    tx: &Transaction<'_>,
+    prepared: Option<&Statement>,
+    key: &str,
+    schema: &str,
+) -> Result<(), Error> {
+    send(tx, Form::Enter, prepared, &[&key, &schema]).await
+}
+
+/// The pin: the search_path and the commit check's setting, nothing else.
+pub(crate) async fn pin(
+    tx: &Transaction<'_>,
+    prepared: Option<&Statement>,
+    search_path: &str,
+) -> Result<(), Error> {
+    send(tx, Form::Pin, prepared, &[&search_path]).await
+}
+
+/// `pgtenant.reset_session(key)` inside the transaction: the session as a fresh one, now
+/// serving `key`.
+pub(crate) async fn reset_session(tx: &Transaction<'_>, key: &str) -> Result<(), Error> {
+    tx.query_typed(RESET_SQL, &[(&key, Type::TEXT)])
+        .await
+        .map(drop)
+}
+
+/// The commit check: fails once anything ended the fenced transaction, or left it aborted.
+pub(crate) async fn check(tx: &Transaction<'_>, prepared: Option<&Statement>) -> Result<(), Error> {
+    send(tx, Form::Check, prepared, &[]).await
+}

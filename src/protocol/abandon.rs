@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::lease::{HandleState, Journal};
-use crate::state::leases::give_back;
+use crate::protocol::release::give_back;
 use crate::state::shared::HandleInner;
 
 /// Releases at once, without waiting for work in flight; that work either commits before the

@@ -25,8 +25,8 @@ use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
 use crate::sqlstate;
 use crate::state::bindings::TERMINATE_TIMEOUT;
-use crate::state::credentials::{millis, Credentials};
-use crate::state::leases::give_back_unused;
+use crate::credentials::{millis, Credentials};
+use crate::protocol::release::give_back_unused;
 use crate::state::shared::{Acquired, HandleInner, Shared};
 use crate::sync::lock;
 

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use tokio::sync::broadcast;
-use tokio_postgres::types::Type;
 use tracing::{debug, warn};
 
 use crate::db;
@@ -21,7 +20,7 @@ use crate::lease::{Epoch, HandleState, Journal};
 use crate::options::HandoffPolicy;
 use crate::refusal::{self, Scope};
 use crate::replica_id::ReplicaId;
-use crate::state::leases::give_back;
+use crate::protocol::release::give_back;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
 use crate::state::shared::{HandleInner, Shared};
 use crate::sync::lock;
@@ -29,7 +28,7 @@ use crate::sync::lock;
 /// A handoff reserved for `replica`, refused before anything changes unless it names a
 /// registered, live replica.
 pub(crate) async fn hand_over_to(handle: &Arc<HandleInner>, replica: &ReplicaId) -> Result<()> {
-    handle.router.ensure_live_replica(replica).await?;
+    ensure_live_replica(&handle.router, replica).await?;
     hand_over(handle, Some(replica)).await
 }
 
@@ -86,24 +85,14 @@ pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
         .get()
         .await
         .map_err(pool_error("request a handoff"))?;
-    let incarnation = credentials.incarnation.get();
     let scope = Scope {
         doing: "request a handoff",
         tenant: Some(id),
         epoch: Epoch::new(0),
         replica: credentials.replica.as_str(),
     };
-    db::call(
-        &client,
-        "SELECT pgtenant.request_handoff($1, $2, $3, $4)",
-        &[
-            (&id.key(), Type::TEXT),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&credentials.secret(), Type::TEXT),
-        ],
-    )
-    .await
+    db::leases::request_handoff(&client, id, &credentials)
+        .await
     .map_err(|error| refusal::map(error, &scope))?;
     Ok(())
 }
@@ -120,28 +109,7 @@ async fn take_request(inner: &HandleInner, requester: &str) -> Result<bool> {
         .await
         .map_err(pool_error("check a handoff request"))?;
     let credentials = &inner.credentials;
-    let incarnation = credentials.incarnation.get();
-    let rows = db::call(
-        &client,
-        "SELECT pgtenant.take_handoff_request($1, $2, $3, $4, $5)",
-        &[
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&credentials.secret(), Type::TEXT),
-            (&inner.id.key(), Type::TEXT),
-            (&requester, Type::TEXT),
-        ],
-    )
-    .await
-    .map_err(Error::db_with(|| {
-        format!("check a handoff request for tenant {}", inner.id)
-    }))?;
-    match rows.first() {
-        Some(row) => row
-            .try_get(0)
-            .map_err(Error::db("read a handoff request's check")),
-        None => Ok(false),
-    }
+    db::leases::take_handoff_request(&client, credentials, &inner.id, requester).await
 }
 
 /// Answers other replicas' handoff requests for tenants served here, by policy, once the
@@ -214,5 +182,26 @@ pub(crate) async fn serve_requests(
                 }
             });
         }
+    }
+}
+
+/// Refuses a handoff target that is not a registered, live replica, before anything changes: a
+/// reservation for it would keep the tenant from everyone for the window.
+async fn ensure_live_replica(shared: &Shared, replica: &ReplicaId) -> Result<()> {
+    let client = shared
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("check a handoff target"))?;
+    match db::replicas::replica_liveness(&client, replica).await? {
+        Some(true) => Ok(()),
+        Some(false) => Err(Error::NoSuchReplica {
+            replica_id: replica.clone(),
+            message: format!("replica {replica} is registered but not alive"),
+        }),
+        None => Err(Error::NoSuchReplica {
+            replica_id: replica.clone(),
+            message: format!("no replica {replica} has ever registered with this database"),
+        }),
     }
 }

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::options::RouterOptions;
 use crate::protocol::replica_start::{begin_incarnation, LeaseSession};
-use crate::state::credentials::{millis, Credentials};
+use crate::credentials::{millis, Credentials};
 use crate::state::shared::{RegistrationFailure, Shared};
 use crate::sync::lock;
 

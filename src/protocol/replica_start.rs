@@ -25,8 +25,9 @@ use crate::lease::Incarnation;
 use crate::options::RouterOptions;
 use crate::replica_id::ReplicaId;
 use crate::state::bindings::Mode;
-use crate::state::credentials::{millis, Credentials};
+use crate::credentials::{millis, Credentials};
 use crate::state::liveness::{Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
+use crate::state::releases::ReleaseQueue;
 use crate::state::shared::{Shared, EVENT_BUFFER};
 
 /// Starts a replica: the data-path pool, the lease session and its registration, the fencing
@@ -51,7 +52,9 @@ pub(crate) async fn start(mut options: RouterOptions) -> Result<(Arc<Shared>, Le
         session.declare_session_fencing().await?;
     }
     let placement = crate::citus::decide(&options, &pool).await?;
-    let mut shared = Shared::new(options, pool, notices, fencing);
+    let (releases, requests) = ReleaseQueue::new();
+    crate::protocol::release::start_batcher(pool.clone(), requests);
+    let mut shared = Shared::new(options, pool, notices, releases, fencing);
     shared.placement = placement;
     let shared = Arc::new(shared);
     begin_incarnation(&shared, &session);

@@ -17,8 +17,8 @@ use crate::lease::Epoch;
 use crate::migrate::InTransaction;
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
-use crate::state::credentials::Credentials;
-use crate::state::leases::give_back_unused;
+use crate::credentials::Credentials;
+use crate::protocol::release::give_back_unused;
 use crate::state::shared::Shared;
 
 /// refinery's history table, unqualified: it resolves to the tenant schema through the

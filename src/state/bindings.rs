@@ -22,7 +22,7 @@ pub(crate) enum Mode {
 /// cache dies with it), the incarnation it is bound to, its backend.
 struct Binding {
     connection: PooledConnection,
-    /// The registration it is bound to ([`Credentials::registration`](crate::state::credentials::Credentials::registration)).
+    /// The registration it is bound to ([`Credentials::registration`](crate::credentials::Credentials::registration)).
     registration: u64,
     pid: i32,
 }
@@ -40,7 +40,7 @@ pub(crate) struct Bindings {
 /// The database's last refusal to bind, and how many incarnations in a row it refused.
 #[derive(Default)]
 struct Refusal {
-    /// The registration refused ([`Credentials::registration`](crate::state::credentials::Credentials::registration): an incarnation number can be
+    /// The registration refused ([`Credentials::registration`](crate::credentials::Credentials::registration): an incarnation number can be
     /// issued again after a lossy failover, a registration cannot).
     registration: Option<u64>,
     reason: String,

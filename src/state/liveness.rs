@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::lease::Incarnation;
-use crate::state::credentials::Credentials;
+use crate::credentials::Credentials;
 use crate::sync::lock;
 
 /// What handles read on every call: atomics only, no lock (the credentials, read on control

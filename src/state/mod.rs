@@ -2,21 +2,17 @@
 //! protocol file imports from here and from the vocabulary below it (`tests/layers.rs`
 //! checks); nothing here imports a protocol or a facade.
 //!
-//! * `credentials.rs`: what an incarnation presents to the control plane (G8), `millis`.
 //! * `liveness.rs`: the current incarnation and its local deadline, read by every handle.
 //! * `shared.rs`: what a replica's router, handles and tasks share (`Shared`), and a handle's
 //!   state: serving, draining, ended, the work in flight and its cancel tokens (`HandleInner`).
 //! * `bindings.rs`: session fencing's bookkeeping of bound connections.
 //! * `data_sessions.rs`: what the data path knows of each pooled connection.
 //! * `affinity.rs`: connections parked for the tenant they last served.
-//! * `releases.rs`: the one call of `pgtenant.release`, batched.
-//! * `leases.rs`: how a lease held here ends, whichever protocol ends it (`give_back`).
+//! * `releases.rs`: the release queue (its batcher is `protocol/release.rs`).
 
 pub(crate) mod affinity;
 pub(crate) mod bindings;
-pub(crate) mod credentials;
 pub(crate) mod data_sessions;
-pub(crate) mod leases;
 pub(crate) mod liveness;
 pub(crate) mod releases;
 pub(crate) mod shared;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{broadcast, Notify};
-use tokio_postgres::types::Type;
+
 use tokio_postgres::CancelToken;
 
 use crate::citus::Placement;
@@ -22,11 +22,10 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::options::RouterOptions;
-use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
 use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
-use crate::state::credentials::{millis, Credentials};
+use crate::credentials::{millis, Credentials};
 use crate::state::data_sessions::DataSessions;
 use crate::state::liveness::{Liveness, Notice};
 use crate::state::releases::ReleaseQueue;
@@ -89,13 +88,14 @@ impl Shared {
         options: RouterOptions,
         pool: Pool,
         notices: broadcast::Sender<Notice>,
+        releases: ReleaseQueue,
         (fencing, fencing_fallback): (Mode, Option<String>),
     ) -> Shared {
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let parking = Parking::new(pool.status().max_size);
         Shared {
             idle_timeout_ms: millis(options.ttl).to_string(),
-            releases: ReleaseQueue::start(pool.clone()),
+            releases,
             options,
             pool,
             liveness: Liveness::new(),
@@ -239,30 +239,6 @@ impl Shared {
         self.fencing == Mode::Session
     }
 
-    /// A pooled data connection for `tenant`'s work: the one parked for it (clean for it: no
-    /// session reset), else an idle one of the pool, else, rather than wait while a connection
-    /// is idle, the one parked longest for another tenant, else wait for the pool.
-    pub(crate) async fn tenant_connection(
-        &self,
-        tenant: &str,
-    ) -> std::result::Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
-        if let Some(object) = self.parking.take(tenant) {
-            return Ok(object);
-        }
-        let now = deadpool_postgres::Timeouts {
-            wait: Some(Duration::ZERO),
-            ..self.pool.timeouts()
-        };
-        match self.pool.timeout_get(&now).await {
-            Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {}
-            got => return got,
-        }
-        if let Some(object) = self.parking.steal() {
-            return Ok(object);
-        }
-        self.pool.get().await
-    }
-
     /// The pool's size, for bookkeeping sized by it.
     pub(crate) fn pool_size(&self) -> usize {
         self.pool.status().max_size
@@ -270,35 +246,6 @@ impl Shared {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-
-    /// Refuses a handoff target that is not a registered, live replica, before anything
-    /// changes: a reservation for it would keep the tenant from everyone for the window.
-    pub(crate) async fn ensure_live_replica(&self, replica: &ReplicaId) -> Result<()> {
-        let client = self
-            .pool
-            .get()
-            .await
-            .map_err(crate::error::pool_error("check a handoff target"))?;
-        let alive: Option<bool> = client
-            .query_typed_opt(
-                "SELECT alive FROM pgtenant.replica_liveness WHERE replica_id = $1",
-                &[(&replica, Type::TEXT)],
-            )
-            .await
-            .and_then(|row| row.map(|row| row.try_get(0)).transpose())
-            .map_err(Error::db("check a handoff target"))?;
-        match alive {
-            Some(true) => Ok(()),
-            Some(false) => Err(Error::NoSuchReplica {
-                replica_id: replica.clone(),
-                message: format!("replica {replica} is registered but not alive"),
-            }),
-            None => Err(Error::NoSuchReplica {
-                replica_id: replica.clone(),
-                message: format!("no replica {replica} has ever registered with this database"),
-            }),
-        }
     }
 
     /// Waits until no acquisition task runs, or `timeout`.

@@ -25,54 +25,20 @@
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Statement, Transaction};
 
+use crate::db::fence::{self, Form};
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::protocol::fenced_transaction::settle::{SessionState, WorkSession};
 use crate::sqlstate;
-use crate::state::shared::{CancelOnForget, HandleInner};
+use crate::state::shared::{CancelOnForget, HandleInner, Shared};
 use crate::sync::BoxFuture;
 
 pub(crate) mod once;
 pub(crate) mod settle;
-
-/// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
-/// search_path + the marker cursor). Both forms take (key, epoch, lock key, idle ms) and
-/// return one row or raise.
-const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
-/// The read-only variant: the same checks without the lock.
-const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
-/// Both on a connection that reports the transaction signal (V9): no marker cursor and no
-/// hygiene check (the client decides the reset); the same arguments.
-const FENCE_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_signalled($1, $2, $3, $4)";
-const FENCE_READ_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_read_signalled($1, $2, $3, $4)";
-/// The fences' parameter types, for the unnamed (uncached) form.
-const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
-/// Session fencing's one statement per transaction (the connection is bound): hygiene,
-/// search_path, the marker cursor; no row read, no lock.
-const ENTER_SQL: &str = "SELECT pgtenant.enter($1, $2)";
-/// Its parameter types, for the unnamed (uncached) form.
-const ENTER_TYPES: [Type; 2] = [Type::TEXT, Type::TEXT];
-/// The commit check, sent in the same flight as `COMMIT`: every entry sets `pgtenant.fenced`
-/// for its own transaction only, so once anything ended that transaction the setting is gone
-/// and the cast fails (check violation, [`ENDED_CONSTRAINT`]); in a transaction the work left
-/// aborted it fails too (25P02). Either way the `COMMIT` behind it commits nothing.
-const CHECK_SQL: &str =
-    "SELECT pg_catalog.current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction";
-/// The constraint the commit check violates once the fenced transaction was ended (V11).
-const ENDED_CONSTRAINT: &str = "the_work_ended_the_fenced_transaction";
-/// Session fencing on a connection whose server reports the transaction signal (`wire.rs`):
-/// the pin, the same statement an unfenced schema-per-tenant transaction sends, plus
-/// read-write for this transaction (data sessions default to read-only) and the commit
-/// check's setting. Its one parameter is the `search_path`.
-const PIN_SQL: &str = "SELECT pg_catalog.set_config('search_path', $1, true), \
-                       pg_catalog.set_config('default_transaction_read_only', 'off', true), \
-                       pg_catalog.set_config('pgtenant.fenced', 'on', true)";
-/// The session reset, pipelined ahead of the pin when the connection changes tenant.
-const RESET_SQL: &str = "SELECT pgtenant.reset_session($1)";
 
 /// The transaction [`TenantHandle::run`](crate::TenantHandle::run) hands its work: its
 /// statement methods (`execute`, `query`, …) return pgtenant's [`Error`], and it derefs to the
@@ -106,9 +72,10 @@ impl std::fmt::Debug for Tx<'_, '_> {
 enum Entry {
     Fence {
         statement: Option<Statement>,
-        /// On a connection that reports the transaction signal: whether the session is reset
-        /// first (decided here; without the signal the fence decides).
-        signalled: Option<bool>,
+        form: Form,
+        /// On a connection that reports the transaction signal, the client decides the reset
+        /// (without the signal the fence does): whether the session is reset first.
+        reset: bool,
     },
     Session {
         pid: i32,
@@ -161,23 +128,26 @@ async fn entry(
     let entry = match (pid, entered.signal.is_some()) {
         (Some(pid), true) => Entry::Pinned {
             pid,
-            pin: prepared(client, cached, PIN_SQL, "prepare the pin").await?,
+            pin: prepared(client, cached, Form::Pin, "prepare the pin").await?,
             reset: entered.reset,
         },
         (Some(pid), false) => Entry::Session {
             pid,
-            enter: prepared(client, cached, ENTER_SQL, "prepare the entry statement").await?,
+            enter: prepared(client, cached, Form::Enter, "prepare the entry statement").await?,
         },
         (None, signalled) => {
-            let signalled = signalled.then_some(entered.reset);
-            let sql = fence_sql(read_only, signalled.is_some());
-            Entry::Fence {
-                statement: prepared(client, cached, sql, "prepare the fence").await?,
+            let form = Form::Fence {
+                read_only,
                 signalled,
+            };
+            Entry::Fence {
+                statement: prepared(client, cached, form, "prepare the fence").await?,
+                form,
+                reset: signalled && entered.reset,
             }
         }
     };
-    let check = prepared(client, cached, CHECK_SQL, "prepare the commit check").await?;
+    let check = prepared(client, cached, Form::Check, "prepare the commit check").await?;
     Ok(Entered {
         entry,
         check,
@@ -185,32 +155,21 @@ async fn entry(
     })
 }
 
-/// `sql` prepared once per pooled connection (the server then neither parses nor plans it), or
-/// None to send it unnamed when the statement cache is off.
+/// `form` prepared once per pooled connection (the server then neither parses nor plans it),
+/// or None to send it unnamed when the statement cache is off.
 async fn prepared(
     client: &deadpool_postgres::Object,
     cached: bool,
-    sql: &str,
+    form: Form,
     context: &'static str,
 ) -> Result<Option<Statement>> {
     if !cached {
         return Ok(None);
     }
-    client
-        .prepare_cached(sql)
+    fence::prepare(client, form)
         .await
         .map(Some)
         .map_err(Error::db(context))
-}
-
-/// The fence's statement: read-only or not, with the signal or the marker cursor.
-fn fence_sql(read_only: bool, signalled: bool) -> &'static str {
-    match (read_only, signalled) {
-        (false, false) => FENCE_SQL,
-        (true, false) => FENCE_READ_SQL,
-        (false, true) => FENCE_SIGNALLED_SQL,
-        (true, true) => FENCE_READ_SIGNALLED_SQL,
-    }
 }
 
 /// Runs `statement` after the session reset when `reset` (the connection changes tenant): the
@@ -227,72 +186,68 @@ where
     if !reset {
         return statement.await;
     }
-    let key: &str = &handle.key;
-    let params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::TEXT)];
     // join! polls in order, and each request goes on the wire at its first poll.
-    let (reset, done) = tokio::join!(tx.query_typed(RESET_SQL, &params), statement);
-    reset.map(drop).and(done)
+    let (reset, done) = tokio::join!(fence::reset_session(tx, &handle.key), statement);
+    reset.and(done)
 }
 
-/// Sends the fence (or the entry statement) on `tx` and reads its reply.
-async fn fence(
+/// Sends the entry (the fence, the enter statement or the pin) on `tx` and reads its reply.
+async fn send_entry(
     handle: &HandleInner,
     tx: &Transaction<'_>,
     entry: &Entry,
-    read_only: bool,
 ) -> std::result::Result<(), tokio_postgres::Error> {
-    if let Entry::Pinned { pin, reset, .. } = entry {
-        let pinned = async {
-            match pin {
-                Some(statement) => tx.query(statement, &[&handle.search_path]).await.map(drop),
-                None => tx
-                    .query_typed(PIN_SQL, &[(&handle.search_path, Type::TEXT)])
-                    .await
-                    .map(drop),
-            }
-        };
-        return after_reset(handle, tx, *reset, pinned).await;
-    }
-    let key = handle.id.key();
-    if let Entry::Session { enter, .. } = entry {
-        let params: [&(dyn ToSql + Sync); 2] = [&key, &handle.schema];
-        return match enter {
-            Some(statement) => tx.query(statement, &params).await.map(drop),
-            None => {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> =
-                    params.iter().copied().zip(ENTER_TYPES).collect();
-                tx.query_typed(ENTER_SQL, &typed).await.map(drop)
-            }
-        };
-    }
-    let epoch = handle.epoch.get();
-    let params: [&(dyn ToSql + Sync); 4] = [
-        &key,
-        &epoch,
-        &handle.lock_key,
-        &handle.router.idle_timeout_ms,
-    ];
-    let (statement, signalled) = match entry {
+    match entry {
+        Entry::Pinned { pin, reset, .. } => {
+            let pinned = fence::pin(tx, pin.as_ref(), &handle.search_path);
+            after_reset(handle, tx, *reset, pinned).await
+        }
+        Entry::Session { enter, .. } => {
+            fence::enter(tx, enter.as_ref(), handle.id.key(), &handle.schema).await
+        }
         Entry::Fence {
             statement,
-            signalled,
-        } => (statement.as_ref(), signalled.as_ref()),
-        _ => (None, None),
-    };
-    let fenced = async {
-        match statement {
-            Some(statement) => tx.query(statement, &params).await.map(drop),
-            None => {
-                let sql = fence_sql(read_only, signalled.is_some());
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> =
-                    params.iter().copied().zip(FENCE_TYPES).collect();
-                tx.query_typed(sql, &typed).await.map(drop)
-            }
+            form,
+            reset,
+        } => {
+            let fenced = fence::fence(
+                tx,
+                *form,
+                statement.as_ref(),
+                handle.id.key(),
+                handle.epoch,
+                handle.lock_key,
+                &handle.router.idle_timeout_ms,
+            );
+            after_reset(handle, tx, *reset, fenced).await
         }
-    };
-    let reset = signalled.is_some_and(|reset| *reset);
-    after_reset(handle, tx, reset, fenced).await
+    }
 }
+
+/// A pooled data connection for `tenant`'s work: the one parked for it (clean for it: no
+/// session reset), else an idle one of the pool, else, rather than wait while a connection
+/// is idle, the one parked longest for another tenant, else wait for the pool.
+pub(crate) async fn tenant_connection(
+shared: &Shared,
+tenant: &str,
+) -> std::result::Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
+    if let Some(object) = shared.parking.take(tenant) {
+        return Ok(object);
+    }
+    let now = deadpool_postgres::Timeouts {
+        wait: Some(Duration::ZERO),
+        ..shared.pool.timeouts()
+    };
+    match shared.pool.timeout_get(&now).await {
+        Err(deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait)) => {}
+        got => return got,
+    }
+    if let Some(object) = shared.parking.steal() {
+        return Ok(object);
+    }
+    shared.pool.get().await
+}
+
 
 /// The admission sequence of both ways in (`run` and `TenantConnection::begin`), the work
 /// already counted in flight in `state`: the connection's entry (bound under session fencing),
@@ -369,12 +324,7 @@ async fn commit(
     state: &mut SessionState,
 ) -> Result<()> {
     let bound = handle.router.options.stuck_timeout;
-    let checked = async {
-        match check {
-            Some(statement) => tx.query(statement, &[]).await.map(drop),
-            None => tx.query_typed(CHECK_SQL, &[]).await.map(drop),
-        }
-    };
+    let checked = fence::check(&tx, check);
     // join! polls in order, and each request goes on the wire at its first poll: the check
     // runs first, and a failed check leaves the transaction aborted, so the COMMIT behind it
     // ends it without committing anything.
@@ -411,7 +361,7 @@ async fn commit(
 fn ended_or_failed(handle: &HandleInner, error: tokio_postgres::Error) -> Error {
     let ended = error
         .as_db_error()
-        .is_some_and(|db| db.constraint() == Some(ENDED_CONSTRAINT));
+        .is_some_and(|db| db.constraint() == Some(fence::ENDED_CONSTRAINT));
     if ended {
         return Error::TransactionEnded {
             tenant: handle.id.clone(),
@@ -439,9 +389,7 @@ where
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
     let in_flight = handle.begin_work()?;
-    let object = handle
-        .router
-        .tenant_connection(&handle.key)
+    let object = tenant_connection(&handle.router, &handle.key)
         .await
         .map_err(pool_error("get a connection for tenant work"))?;
     // From here on, whatever happens to this future, the session settles before the work stops
@@ -478,7 +426,7 @@ where
     // The entry goes on the wire first (join! polls in order) and its reply is consumed as it
     // arrives, concurrently with the work.
     let (fenced, outcome) = tokio::join!(
-        fence(handle, &tx, &entered.entry, read_only),
+        send_entry(handle, &tx, &entered.entry),
         work(Tx {
             transaction: &tx,
             _borrows: PhantomData,
@@ -536,9 +484,7 @@ impl std::fmt::Debug for TenantConnection {
 impl TenantConnection {
     pub(crate) async fn checkout(handle: &Arc<HandleInner>) -> Result<TenantConnection> {
         handle.admit()?;
-        let object = handle
-            .router
-            .tenant_connection(&handle.key)
+        let object = tenant_connection(&handle.router, &handle.key)
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
         Ok(TenantConnection {
@@ -592,7 +538,7 @@ impl TenantConnection {
                 return Err(error);
             }
         };
-        if let Err(error) = fence(&handle, &tx, &entered.entry, read_only).await {
+        if let Err(error) = send_entry(&handle, &tx, &entered.entry).await {
             // The driver's transaction queues its ROLLBACK as it drops here.
             state.abandoned_before_commit();
             return Err(entry_failed(&handle, error, state));

@@ -12,7 +12,7 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::sqlstate;
 use crate::state::bindings::LASTING_AFTER;
-use crate::state::credentials::Credentials;
+use crate::credentials::Credentials;
 use crate::state::shared::Shared;
 
 /// Binds `object` to the credentials' incarnation unless it is already: one round trip on a

@@ -8,7 +8,7 @@
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::state::bindings::TERMINATE_TIMEOUT;
-use crate::state::credentials::{millis, Credentials};
+use crate::credentials::{millis, Credentials};
 
 /// Seals the tenant's dead or expired owner incarnation and terminates its data sessions, in the
 /// acquiring transaction, right before `pgtenant.acquire` moves the epoch: (key, replica,

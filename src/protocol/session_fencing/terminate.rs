@@ -10,7 +10,7 @@ use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::state::bindings::TERMINATE_TIMEOUT;
-use crate::state::credentials::{millis, Credentials};
+use crate::credentials::{millis, Credentials};
 
 /// Terminates the backends of this replica's own work still in flight (their transactions roll
 /// back), waiting for each to exit: before a voluntary end's release commits under session
