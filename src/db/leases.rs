@@ -4,13 +4,15 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row, Transaction};
 
 use crate::credentials::{millis, Credentials};
 use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, Journal};
 use crate::replica_id::ReplicaId;
+use crate::schema_version::SchemaVersion;
 use crate::sqlstate;
 
 /// One release: the tenant, the lease's epoch, the journal event (`released`, `handed_off`),
@@ -21,7 +23,7 @@ pub(crate) type Release<'a> = (&'a TenantId, Epoch, Journal, Option<(&'a str, Du
 /// with one WAL flush, or none does): for each, true when released, false when the lease was
 /// no longer the caller's at that epoch.
 pub(crate) async fn release(
-    client: &tokio_postgres::Client,
+    client: &Client,
     credentials: &Credentials,
     releases: &[Release<'_>],
 ) -> Result<Vec<bool>> {
@@ -83,7 +85,7 @@ pub(crate) async fn release(
 /// `pgtenant.request_handoff`: asks the tenant's owner, through a row the control plane
 /// authenticates, to hand the tenant to this replica.
 pub(crate) async fn request_handoff(
-    client: &tokio_postgres::Client,
+    client: &Client,
     id: &TenantId,
     credentials: &Credentials,
 ) -> std::result::Result<(), tokio_postgres::Error> {
@@ -105,7 +107,7 @@ pub(crate) async fn request_handoff(
 /// `pgtenant.take_handoff_request`: consumes `requester`'s request for `id` when its live
 /// incarnation wrote one; whether it did.
 pub(crate) async fn take_handoff_request(
-    client: &tokio_postgres::Client,
+    client: &Client,
     credentials: &Credentials,
     id: &TenantId,
     requester: &str,
@@ -130,4 +132,144 @@ pub(crate) async fn take_handoff_request(
             .map_err(Error::db("read a handoff request's check")),
         None => Ok(false),
     }
+}
+
+/// `pgtenant.acquire` (V11): authenticates, locks the tenant's row, seals a dead or expired
+/// session-fenced owner, refuses while prepared transactions hold the tenant, ends the fenced
+/// transactions of a superseded lease that still hold it (at once for a takeover, after the
+/// grace for a lease given back), bumps the epoch. Every wait is bounded.
+const ACQUIRE_SQL: &str =
+    "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
+       FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+
+/// What `pgtenant.acquire` answered.
+pub(crate) struct Acquisition {
+    pub(crate) epoch: Epoch,
+    pub(crate) schema: Option<String>,
+    pub(crate) previous_owner: Option<ReplicaId>,
+    pub(crate) took_over: Option<String>,
+    pub(crate) quarantine: Option<String>,
+    pub(crate) version: SchemaVersion,
+    pub(crate) lock_key: i32,
+}
+
+impl Acquisition {
+    fn read(rows: &[Row]) -> std::result::Result<Option<Acquisition>, tokio_postgres::Error> {
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        Ok(Some(Acquisition {
+            epoch: Epoch::new(row.try_get(0)?),
+            schema: row.try_get(1)?,
+            previous_owner: row.try_get(2)?,
+            took_over: row.try_get(3)?,
+            quarantine: row.try_get(4)?,
+            version: row.try_get(5)?,
+            lock_key: row.try_get(6)?,
+        }))
+    }
+}
+
+/// `pgtenant.acquire`'s parameters besides the tenant and the credentials: the bounds.
+pub(crate) struct AcquireBounds {
+    /// How long fenced transactions of a lease that was given back may go on before they are
+    /// ended (an abandon's work usually commits within milliseconds): one ttl.
+    pub(crate) grace_ms: i32,
+    /// The bound on all the waits of one acquisition: the open's.
+    pub(crate) wait_ms: i32,
+    /// How long a termination waits for the backend to exit.
+    pub(crate) terminate_ms: i64,
+}
+
+/// `pgtenant.acquire` for an existing tenant (`create` false) or a new one, in its own
+/// transaction: one round trip. `Ok(None)` only if the function returned no row.
+pub(crate) async fn acquire(
+    client: &Client,
+    id: &TenantId,
+    credentials: &Credentials,
+    create: bool,
+    bounds: &AcquireBounds,
+) -> std::result::Result<Option<Acquisition>, tokio_postgres::Error> {
+    let (key, organization, ledger) = (id.key(), id.organization(), id.ledger());
+    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
+    let rows = super::call(
+        client,
+        ACQUIRE_SQL,
+        &[
+            (&key, Type::TEXT),
+            (&organization, Type::TEXT),
+            (&ledger, Type::TEXT),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&create, Type::BOOL),
+            (&bounds.grace_ms, Type::INT4),
+            (&bounds.wait_ms, Type::INT4),
+            (&bounds.terminate_ms, Type::INT8),
+        ],
+    )
+    .await?;
+    Acquisition::read(&rows)
+}
+
+/// `pgtenant.acquire` of a tenant to create, inside `tx` (which also creates its schema),
+/// behind the session reset in the same flight: the reset's outcome, then the acquisition's.
+pub(crate) async fn acquire_to_create(
+    tx: &Transaction<'_>,
+    id: &TenantId,
+    credentials: &Credentials,
+    bounds: &AcquireBounds,
+) -> (
+    std::result::Result<(), tokio_postgres::Error>,
+    std::result::Result<Option<Acquisition>, tokio_postgres::Error>,
+) {
+    let (key, organization, ledger) = (id.key(), id.organization(), id.ledger());
+    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
+    let create = true;
+    let params: [(&(dyn ToSql + Sync), Type); 10] = [
+        (&key, Type::TEXT),
+        (&organization, Type::TEXT),
+        (&ledger, Type::TEXT),
+        (&credentials.replica, Type::TEXT),
+        (&incarnation, Type::INT8),
+        (&secret, Type::TEXT),
+        (&create, Type::BOOL),
+        (&bounds.grace_ms, Type::INT4),
+        (&bounds.wait_ms, Type::INT4),
+        (&bounds.terminate_ms, Type::INT8),
+    ];
+    // join! polls in order, and each request goes on the wire at its first poll.
+    let (scrubbed, acquired) = tokio::join!(
+        tx.batch_execute("SELECT pgtenant.reset_session(NULL)"),
+        tx.query_typed(ACQUIRE_SQL, &params),
+    );
+    (scrubbed, acquired.and_then(|rows| Acquisition::read(&rows)))
+}
+
+/// `pgtenant.schema_created`: the control plane vouches for the schema a creation made (G8),
+/// recording its name and version under the new lease.
+pub(crate) async fn schema_created(
+    tx: &Transaction<'_>,
+    id: &TenantId,
+    epoch: Epoch,
+    credentials: &Credentials,
+    schema: &str,
+    version: SchemaVersion,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let (epoch, incarnation) = (epoch.get(), credentials.incarnation.get());
+    tx.query_typed(
+        "SELECT pgtenant.schema_created($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            (&id.key(), Type::TEXT),
+            (&epoch, Type::INT8),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&credentials.secret(), Type::TEXT),
+            (&schema, Type::TEXT),
+            (&version, Type::INT4),
+        ],
+    )
+    .await
+    .map(drop)
 }

@@ -9,11 +9,10 @@
 
 use std::sync::Arc;
 
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Row;
 use tracing::{info, warn};
 
 use crate::db;
+use crate::db::leases::{AcquireBounds, Acquisition};
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -21,8 +20,6 @@ use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::Epoch;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
-use crate::replica_id::ReplicaId;
-use crate::schema_version::SchemaVersion;
 use crate::sqlstate;
 use crate::state::bindings::TERMINATE_TIMEOUT;
 use crate::credentials::{millis, Credentials};
@@ -33,91 +30,31 @@ use crate::sync::lock;
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
 const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget the tenant and create it again; then clear the quarantine";
 
-/// `pgtenant.acquire` (V11): authenticates, locks the tenant's row, seals a dead or expired
-/// session-fenced owner, refuses while prepared transactions hold the tenant, ends the fenced
-/// transactions of a superseded lease that still hold it (at once for a takeover, after the
-/// grace for a lease given back), bumps the epoch. Every wait is bounded.
-const ACQUIRE_SQL: &str =
-    "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
-       FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-
 /// How many times an acquisition rolls back prepared transactions that hold the tenant and
 /// tries again before it reports them.
 const PREPARED_ROUNDS: usize = 2;
 
-/// What `pgtenant.acquire` answered.
-struct Answer {
-    epoch: Epoch,
-    schema: Option<String>,
-    previous_owner: Option<ReplicaId>,
-    took_over: Option<String>,
-    quarantine: Option<String>,
-    version: SchemaVersion,
-    lock_key: i32,
+/// The bounds of `pgtenant.acquire`'s waits, from the router's options.
+fn bounds(shared: &Shared) -> AcquireBounds {
+    AcquireBounds {
+        grace_ms: millis(shared.options.ttl),
+        wait_ms: millis(shared.options.open_timeout),
+        terminate_ms: i64::from(millis(TERMINATE_TIMEOUT)),
+    }
 }
 
-impl Answer {
-    fn from_rows(rows: Vec<Row>, id: &TenantId) -> Result<Answer> {
-        let row = rows.first().ok_or_else(|| Error::UnexpectedReply {
+/// The acquisition's reply, or what it means that there was none.
+fn answered(
+    reply: std::result::Result<Option<Acquisition>, tokio_postgres::Error>,
+    id: &TenantId,
+    credentials: &Credentials,
+) -> Result<Acquisition> {
+    reply
+        .map_err(|error| refusal::map(error, &scope(id, credentials)))?
+        .ok_or_else(|| Error::UnexpectedReply {
             context: format!("acquire tenant {id}"),
             detail: "pgtenant.acquire returned no row".to_owned(),
-        })?;
-        let read = |row: &Row| -> std::result::Result<Answer, tokio_postgres::Error> {
-            Ok(Answer {
-                epoch: Epoch::new(row.try_get(0)?),
-                schema: row.try_get(1)?,
-                previous_owner: row.try_get(2)?,
-                took_over: row.try_get(3)?,
-                quarantine: row.try_get(4)?,
-                version: row.try_get(5)?,
-                lock_key: row.try_get(6)?,
-            })
-        };
-        read(row).map_err(Error::db("read an acquisition"))
-    }
-}
-
-/// `pgtenant.acquire`'s parameters besides the tenant and the credentials: the bounds.
-struct Bounds {
-    /// How long fenced transactions of a lease that was given back may go on before they are
-    /// ended (an abandon's work usually commits within milliseconds): one ttl.
-    grace_ms: i32,
-    /// The bound on all the waits of one acquisition: the open's.
-    wait_ms: i32,
-    /// How long a termination waits for the backend to exit.
-    terminate_ms: i64,
-}
-
-impl Bounds {
-    fn of(shared: &Shared) -> Bounds {
-        Bounds {
-            grace_ms: millis(shared.options.ttl),
-            wait_ms: millis(shared.options.open_timeout),
-            terminate_ms: i64::from(millis(TERMINATE_TIMEOUT)),
-        }
-    }
-}
-
-/// `pgtenant.acquire`'s parameters, in order.
-fn acquire_params<'p>(
-    (key, organization, ledger, secret): &'p (&str, &str, &str, &str),
-    credentials: &'p Credentials,
-    incarnation: &'p i64,
-    create: &'p bool,
-    bounds: &'p Bounds,
-) -> [(&'p (dyn ToSql + Sync), Type); 10] {
-    [
-        (key, Type::TEXT),
-        (organization, Type::TEXT),
-        (ledger, Type::TEXT),
-        (&credentials.replica, Type::TEXT),
-        (incarnation, Type::INT8),
-        (secret, Type::TEXT),
-        (create, Type::BOOL),
-        (&bounds.grace_ms, Type::INT4),
-        (&bounds.wait_ms, Type::INT4),
-        (&bounds.terminate_ms, Type::INT8),
-    ]
+        })
 }
 
 /// Rolls back the prepared transactions a PTX01 names (DETAIL: a JSON list of `gid`s), as
@@ -181,21 +118,13 @@ pub(crate) async fn acquire(
         .map_err(pool_error("acquire a lease"))?;
     // Existing tenants, the common case, in one round trip; a tenant to create comes back as
     // not found (nothing committed) and is created in a transaction of its own.
-    let texts = (
-        id.key(),
-        id.organization(),
-        id.ledger(),
-        credentials.secret(),
-    );
-    let incarnation = credentials.incarnation.get();
-    let bounds = Bounds::of(shared);
+    let bounds = bounds(shared);
     // Work of an earlier lease of this tenant held by this incarnation must be over first: the
     // acquisition of a tenant this incarnation owned neither seals nor waits for anything.
     shared.earlier_work_done(id, &credentials).await?;
-    let params = acquire_params(&texts, &credentials, &incarnation, &false, &bounds);
     let mut round = 0;
     let opened = loop {
-        match db::call(&client, ACQUIRE_SQL, &params).await {
+        match db::leases::acquire(&client, id, &credentials, false, &bounds).await {
             Err(error)
                 if sqlstate::of(&error) == Some(sqlstate::PREPARED) && round < PREPARED_ROUNDS =>
             {
@@ -218,11 +147,9 @@ pub(crate) async fn acquire(
                     });
                 }
             }
-            other => break other,
+            other => break answered(other, id, &credentials),
         }
-    }
-    .map_err(|error| refusal::map(error, &scope(id, &credentials)))
-    .and_then(|rows| Answer::from_rows(rows, id));
+    };
     let answer = match opened {
         Ok(answer) => answer,
         Err(Error::TenantNotFound { .. }) if create => {
@@ -340,23 +267,11 @@ async fn create_once(
     let tx = db::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
-    let texts = (
-        id.key(),
-        id.organization(),
-        id.ledger(),
-        credentials.secret(),
-    );
-    let incarnation = credentials.incarnation.get();
-    let bounds = Bounds::of(shared);
-    let params = acquire_params(&texts, credentials, &incarnation, &true, &bounds);
-    let (scrubbed, acquired) = tokio::join!(
-        tx.batch_execute("SELECT pgtenant.reset_session(NULL)"),
-        tx.query_typed(ACQUIRE_SQL, &params),
-    );
+    let bounds = bounds(shared);
+    let (scrubbed, acquired) =
+        db::leases::acquire_to_create(&tx, id, credentials, &bounds).await;
     scrubbed.map_err(Error::db_with(context))?;
-    let answer = acquired
-        .map_err(|error| refusal::map(error, &scope(id, credentials)))
-        .and_then(|rows| Answer::from_rows(rows, id))?;
+    let answer = answered(acquired, id, credentials)?;
     if answer.schema.is_some() || answer.quarantine.is_some() {
         // Created by another replica between our two calls: open it the ordinary way.
         drop(tx);
@@ -384,20 +299,8 @@ async fn create_once(
     crate::protocol::tenant_migrations::apply(&tx, &shared.options.migrations, shared.placement)
         .await?;
     let version = shared.options.code_version();
-    let epoch_value = epoch.get();
-    tx.query_typed(
-        "SELECT pgtenant.schema_created($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            (&texts.0, Type::TEXT),
-            (&epoch_value, Type::INT8),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&texts.3, Type::TEXT),
-            (&schema, Type::TEXT),
-            (&version, Type::INT4),
-        ],
-    )
-    .await
+    db::leases::schema_created(&tx, id, epoch, credentials, &schema, version)
+        .await
     .map_err(|error| match sqlstate::of(&error) {
         // The control plane would not vouch for the schema (G8): typed, with what to do.
         Some(sqlstate::FOREIGN_SCHEMA) => refusal::map(error, &scope(id, credentials)),
