@@ -21,7 +21,7 @@ use crate::lease::Epoch;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
-use crate::state::bindings::TERMINATE_TIMEOUT;
+use crate::db::sessions::TERMINATE_TIMEOUT;
 use crate::credentials::{millis, Credentials};
 use crate::protocol::release::give_back_unused;
 use crate::state::shared::{Acquired, HandleInner, Shared};

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::types::Type;
 use tokio_postgres::CancelToken;
 use tracing::info;
 
@@ -16,10 +15,8 @@ use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::{Epoch, HandleState};
 use crate::protocol::acquire::install_handle;
-use crate::protocol::session_fencing::seal::Seal;
 use crate::protocol::tenant_migrations::migrate_held;
 use crate::refusal::{self, Scope};
-use crate::schema_version::SchemaVersion;
 use crate::sqlstate;
 use crate::state::shared::{Acquired, ActiveWork, HandleInner, Shared};
 
@@ -84,25 +81,8 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
         .get()
         .await
         .map_err(pool_error("forget a tenant"))?;
-    let credentials = &handle.credentials;
-    let (key, secret, epoch) = (handle.id.key(), credentials.secret(), handle.epoch.get());
-    let incarnation = credentials.incarnation.get();
-    let forgotten = db::call(
-        &client,
-        "SELECT pgtenant.forget($1, $2, $3, $4, $5)",
-        &[
-            (&key, Type::TEXT),
-            (&epoch, Type::INT8),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-        ],
-    )
-    .await
-    .and_then(|rows| match rows.first() {
-        Some(row) => row.try_get::<_, String>(0),
-        None => Ok(String::new()),
-    });
+    let forgotten =
+        db::tenants::forget(&client, &handle.id, handle.epoch, &handle.credentials).await;
     let trash = match forgotten {
         Ok(trash) => trash,
         Err(error) => {
@@ -139,39 +119,19 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<H
         .map_err(pool_error("restore a tenant"))?;
     // The epoch restore will bump to: pgtenant.next_epoch (V4) keeps it above every epoch of
     // an older timeline, so after a failover it is not simply the current epoch + 1.
-    let next: i64 = client
-        .query_opt(
-            "SELECT pgtenant.next_epoch(epoch) FROM pgtenant.tenants WHERE key = $1",
-            &[&id.key()],
-        )
+    let next: i64 = db::tenants::next_epoch(&client, id)
         .await
         .map_err(Error::db_with(context))?
-        .map(|row| row.get(0))
         .ok_or_else(|| Error::TenantNotFound {
             tenant: id.clone(),
             reason: "never created".to_owned(),
         })?;
-    let (key, secret) = (id.key(), credentials.secret());
-    let incarnation = credentials.incarnation.get();
     let mut salt = 0;
-    let rows = loop {
+    let restored = loop {
         // The new life's name is derived for the epoch restore will bump to, which the
         // function checks; a taken name (a deliberate hash collision) moves to the next salt.
         let name = id.schema_name_salted(next, salt);
-        let seal = Seal::new(key, &credentials);
-        let restored = db::call_after(
-            &client,
-            (Seal::SQL, &seal.params()),
-            "SELECT epoch, schema_name, schema_version, lock_key FROM pgtenant.restore($1, $2, $3, $4, $5)",
-            &[
-                (&key, Type::TEXT),
-                (&credentials.replica, Type::TEXT),
-                (&incarnation, Type::INT8),
-                (&secret, Type::TEXT),
-                (&name, Type::TEXT),
-            ],
-        )
-        .await;
+        let restored = db::tenants::restore(&client, id, &credentials, &name).await;
         match restored {
             Err(error)
                 if sqlstate::of(&error) == Some(sqlstate::DUPLICATE_SCHEMA)
@@ -180,20 +140,13 @@ pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<H
                 salt += 1;
             }
             Err(error) => return Err(refusal::map(error, &scope)),
-            Ok(rows) => break rows,
+            Ok(restored) => break restored,
         }
     };
-    let row = rows.first().ok_or_else(|| Error::UnexpectedReply {
+    let (epoch, schema, version, lock_key) = restored.ok_or_else(|| Error::UnexpectedReply {
         context: context(),
         detail: "pgtenant.restore returned no row".to_owned(),
     })?;
-    let (epoch, schema, version): (i64, String, SchemaVersion) = (
-        row.try_get(0).map_err(Error::db_with(context))?,
-        row.try_get(1).map_err(Error::db_with(context))?,
-        row.try_get(2).map_err(Error::db_with(context))?,
-    );
-    let epoch = Epoch::new(epoch);
-    let lock_key: i32 = row.try_get(3).map_err(Error::db_with(context))?;
     let migrated_from = (version < shared.options.code_version()).then_some(version);
     if migrated_from.is_some() {
         let lease = (epoch, lock_key);

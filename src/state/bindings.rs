@@ -52,10 +52,6 @@ struct Refusal {
 /// the first stays below this.
 pub(crate) const LASTING_AFTER: u32 = 3;
 
-/// How long a seal or a termination of work in flight waits for each terminated backend to
-/// exit: a backend that does not exit in time fails the acquisition or the voluntary end
-/// (retryably) rather than let the epoch move, or the lease go, under it.
-pub(crate) const TERMINATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Bindings {
     /// Records that the database refused to bind `incarnation`; returns (in a row, first time

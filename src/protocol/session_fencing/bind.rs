@@ -6,7 +6,6 @@
 //! connections is `state/bindings.rs`.
 
 use deadpool_postgres::Object;
-use tokio_postgres::types::Type;
 
 use crate::db;
 use crate::error::{Error, Result};
@@ -42,21 +41,8 @@ pub(crate) async fn bound(
     if bindings.is_refused(credentials.registration) {
         return Err(down());
     }
-    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let pid: i32 = db::call(
-        object,
-        "SELECT pgtenant.bind($1, $2, $3)",
-        &[
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-        ],
-    )
-    .await
-    .and_then(|rows| match rows.first() {
-        Some(row) => row.try_get(0),
-        None => Ok(0),
-    })
+    let pid = db::sessions::bind(object, credentials)
+        .await
     .map_err(|error| match sqlstate::of(&error) {
         Some(sqlstate::NOT_REGISTERED) | Some(sqlstate::SEALED) => {
             let reason = crate::error::DbCause(&error).to_string();

@@ -8,9 +8,9 @@
 //! * [`bind`]: each pooled connection is bound once to the replica's current incarnation,
 //!   before its first tenant transaction (`pgtenant.bind`), by the fenced transaction; the
 //!   bookkeeping is `state/bindings.rs`.
-//! * [`seal`]: an acquisition (or a restore) seals the dead or expired owner incarnation and
-//!   terminates its backends in the acquiring transaction, before the epoch moves
-//!   (`pgtenant.seal_owner`). The epoch's own UPDATE seals again (trigger `seal_on_takeover`),
+//! * the seal, all in SQL (`db/sessions.rs` sends it): an acquisition (or a restore) seals the
+//!   dead or expired owner incarnation and terminates its backends in the acquiring
+//!   transaction, before the epoch moves (`pgtenant.seal_owner`). The epoch's own UPDATE seals again (trigger `seal_on_takeover`),
 //!   from the same read of the owner that lets the takeover happen: an owner whose lease
 //!   session ended between the two statements is sealed all the same.
 //! * [`terminate`]: a voluntary end that does not wait for its work (abandon) terminates
@@ -31,7 +31,6 @@ use crate::options::{Fencing, RouterOptions};
 use crate::state::bindings::Mode;
 
 pub(crate) mod bind;
-pub(crate) mod seal;
 pub(crate) mod terminate;
 
 /// Decides the fencing: `options.fencing` if it can hold, or why not (refused for an explicit

@@ -4,13 +4,11 @@
 //! backends of that work first and waits for each to exit (`pgtenant.terminate_work`).
 
 use deadpool_postgres::Pool;
-use tokio_postgres::types::Type;
 
 use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::state::bindings::TERMINATE_TIMEOUT;
-use crate::credentials::{millis, Credentials};
+use crate::credentials::Credentials;
 
 /// Terminates the backends of this replica's own work still in flight (their transactions roll
 /// back), waiting for each to exit: before a voluntary end's release commits under session
@@ -27,20 +25,7 @@ pub(crate) async fn terminate_work(
         .get()
         .await
         .map_err(pool_error("terminate work in flight"))?;
-    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let timeout = i64::from(millis(TERMINATE_TIMEOUT));
-    db::call(
-        &client,
-        "SELECT pgtenant.terminate_work($1, $2, $3, $4, $5)",
-        &[
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&pids, Type::INT4_ARRAY),
-            (&timeout, Type::INT8),
-        ],
-    )
-    .await
-    .map(drop)
+    db::sessions::terminate_work(&client, credentials, pids)
+        .await
     .map_err(Error::db("terminate work in flight"))
 }
