@@ -13,6 +13,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tracing::{instrument, Instrument};
 
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -218,8 +219,7 @@ impl Router {
             .get()
             .await
             .map_err(pool_error("get a data connection outside any tenant"))?;
-        client
-            .batch_execute("SELECT pgtenant.reset_session(NULL)")
+        db::sessions::reset_session(&client)
             .await
             .map_err(Error::db(
                 "reset a data connection for work outside any tenant",
@@ -318,14 +318,7 @@ impl Router {
             .get()
             .await
             .map_err(pool_error("read a tenant's status"))?;
-        let row = client
-            .query_opt(
-                "SELECT state, owner, epoch, owner_alive,
-                        (extract(epoch FROM expires_in) * 1000)::bigint, schema, version,
-                        quarantine_cause, quarantine_repair
-                   FROM pgtenant.lease_status WHERE tenant = $1",
-                &[&id.key()],
-            )
+        let row = db::leases::lease_status(&client, id)
             .await
             .map_err(Error::db_with(|| format!("read the status of tenant {id}")))?;
         let local = shared.handle(id);
@@ -350,18 +343,17 @@ impl Router {
                 in_flight,
             });
         };
-        let state: String = row.get(0);
         Ok(TenantStatus {
             tenant: id.clone(),
-            state: state.parse()?,
-            owner: row.get(1),
-            epoch: Epoch::new(row.get(2)),
-            owner_alive: row.get(3),
-            expires_in_ms: row.get(4),
-            schema: row.get(5),
-            version: row.get(6),
-            quarantine_cause: row.get(7),
-            quarantine_repair: row.get(8),
+            state: row.state.parse()?,
+            owner: row.owner,
+            epoch: row.epoch,
+            owner_alive: row.owner_alive,
+            expires_in_ms: row.expires_in_ms,
+            schema: row.schema,
+            version: row.version,
+            quarantine_cause: row.quarantine_cause,
+            quarantine_repair: row.quarantine_repair,
             here,
             in_flight,
         })

@@ -273,3 +273,46 @@ pub(crate) async fn schema_created(
     .await
     .map(drop)
 }
+
+/// One tenant's row of `pgtenant.lease_status`.
+pub(crate) struct LeaseStatus {
+    pub(crate) state: String,
+    pub(crate) owner: Option<ReplicaId>,
+    pub(crate) epoch: Epoch,
+    pub(crate) owner_alive: Option<bool>,
+    pub(crate) expires_in_ms: Option<i64>,
+    pub(crate) schema: Option<String>,
+    pub(crate) version: SchemaVersion,
+    pub(crate) quarantine_cause: Option<String>,
+    pub(crate) quarantine_repair: Option<String>,
+}
+
+/// `id`'s row of `pgtenant.lease_status`; None for a tenant never created.
+pub(crate) async fn lease_status(
+    client: &Client,
+    id: &TenantId,
+) -> std::result::Result<Option<LeaseStatus>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT state, owner, epoch, owner_alive,
+                    (extract(epoch FROM expires_in) * 1000)::bigint, schema, version,
+                    quarantine_cause, quarantine_repair
+               FROM pgtenant.lease_status WHERE tenant = $1",
+            &[&id.key()],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    Ok(Some(LeaseStatus {
+        state: row.try_get(0)?,
+        owner: row.try_get(1)?,
+        epoch: Epoch::new(row.try_get(2)?),
+        owner_alive: row.try_get(3)?,
+        expires_in_ms: row.try_get(4)?,
+        schema: row.try_get(5)?,
+        version: row.try_get(6)?,
+        quarantine_cause: row.try_get(7)?,
+        quarantine_repair: row.try_get(8)?,
+    }))
+}

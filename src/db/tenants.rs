@@ -2,7 +2,7 @@
 //! forget, restore, schema_migrated, quarantine, and the tenants a migration walks.
 
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Transaction};
 
 use crate::credentials::Credentials;
 use crate::db::sessions::Seal;
@@ -86,4 +86,86 @@ pub(crate) async fn restore(
         row.try_get(2)?,
         row.try_get(3)?,
     )))
+}
+
+/// `pgtenant.schema_migrated`: records the tenant's schema at `version` under this lease, with
+/// what was applied.
+pub(crate) async fn schema_migrated(
+    tx: &Transaction<'_>,
+    id: &TenantId,
+    epoch: Epoch,
+    credentials: &Credentials,
+    version: SchemaVersion,
+    applied: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let (epoch, incarnation) = (epoch.get(), credentials.incarnation.get());
+    tx.query_typed(
+        "SELECT pgtenant.schema_migrated($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            (&id.key(), Type::TEXT),
+            (&epoch, Type::INT8),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&credentials.secret(), Type::TEXT),
+            (&version, Type::INT4),
+            (&applied, Type::TEXT),
+        ],
+    )
+    .await
+    .map(drop)
+}
+
+/// `pgtenant.quarantine`: sets the tenant aside with its cause and repair (which also ends the
+/// lease at `epoch`; None for a creation that rolled back whole).
+pub(crate) async fn quarantine(
+    client: &Client,
+    id: &TenantId,
+    epoch: Option<Epoch>,
+    credentials: &Credentials,
+    cause: &str,
+    repair: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let (key, organization, ledger, secret) = (
+        id.key(),
+        id.organization(),
+        id.ledger(),
+        credentials.secret(),
+    );
+    let (epoch, incarnation) = (epoch.map(Epoch::get), credentials.incarnation.get());
+    super::call(
+        client,
+        "SELECT pgtenant.quarantine($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        &[
+            (&key, Type::TEXT),
+            (&organization, Type::TEXT),
+            (&ledger, Type::TEXT),
+            (&epoch, Type::INT8),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&cause, Type::TEXT),
+            (&repair, Type::TEXT),
+        ],
+    )
+    .await
+    .map(drop)
+}
+
+/// The tenants whose schema is behind `code` (live, not quarantined), in key order: what
+/// `migrate_all` walks.
+pub(crate) async fn behind(
+    client: &Client,
+    code: SchemaVersion,
+) -> Result<Vec<(String, SchemaVersion)>, tokio_postgres::Error> {
+    client
+        .query(
+            "SELECT key, schema_version FROM pgtenant.tenants
+              WHERE schema_name IS NOT NULL AND quarantine_cause IS NULL AND schema_version < $1
+              ORDER BY key",
+            &[&code],
+        )
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
 }

@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
@@ -32,18 +33,9 @@ pub(crate) async fn migrate_all(
             .get()
             .await
             .map_err(pool_error("list tenants behind"))?;
-        client
-            .query(
-                "SELECT key, schema_version FROM pgtenant.tenants
-                  WHERE schema_name IS NOT NULL AND quarantine_cause IS NULL AND schema_version < $1
-                  ORDER BY key",
-                &[&code],
-            )
+        db::tenants::behind(&client, code)
             .await
             .map_err(Error::db("list tenants behind on migrations"))?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect()
     };
     let total = behind.len();
     let queue = Mutex::new(behind.into_iter());

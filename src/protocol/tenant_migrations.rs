@@ -5,11 +5,11 @@
 //! it sits above the open path, this file below the acquisition). A failure quarantines the tenant.
 
 use refinery::Runner;
-use tokio_postgres::types::Type;
 use tokio_postgres::Transaction;
 use tracing::warn;
 
 use crate::db;
+use crate::db::fence::{self, Form};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
@@ -70,34 +70,20 @@ pub(crate) async fn migrate_existing(
     let tx = db::begin_read_write(client)
         .await
         .map_err(Error::db_with(context))?;
-    let (key, secret, epoch_value) = (id.key(), credentials.secret(), epoch.get());
-    let incarnation = credentials.incarnation.get();
-    tx.query_typed(
-        "SELECT pgtenant.fence($1, $2, $3, $4)",
-        &[
-            (&key, Type::TEXT),
-            (&epoch_value, Type::INT8),
-            (&lock_key, Type::INT4),
-            (&shared.idle_timeout_ms, Type::TEXT),
-        ],
-    )
-    .await
-    .map_err(Error::db_with(context))?;
+    // The fence's write form, unnamed: a migration is rare, and its connection's statement
+    // cache is the data path's business.
+    let write = Form::Fence {
+        read_only: false,
+        signalled: false,
+    };
+    fence::fence(&tx, write, None, id.key(), epoch, lock_key, &shared.idle_timeout_ms)
+        .await
+        .map_err(Error::db_with(context))?;
     let applied = apply(&tx, &shared.options.migrations, shared.placement).await?;
     let code = shared.options.code_version();
-    tx.query_typed(
-        "SELECT pgtenant.schema_migrated($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            (&key, Type::TEXT),
-            (&epoch_value, Type::INT8),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&code, Type::INT4),
-            (&format!("{schema}: {}", applied.join(", ")), Type::TEXT),
-        ],
-    )
-    .await
+    let applied = format!("{schema}: {}", applied.join(", "));
+    db::tenants::schema_migrated(&tx, id, epoch, credentials, code, &applied)
+        .await
     .map_err(Error::db_with(context))?;
     tx.commit().await.map_err(Error::db_with(context))
 }
@@ -137,29 +123,8 @@ pub(crate) async fn after_failed_migration(
         }
         return error;
     };
-    let (key, organization, ledger, secret) = (
-        id.key(),
-        id.organization(),
-        id.ledger(),
-        credentials.secret(),
-    );
-    let (epoch, incarnation) = (epoch.map(Epoch::get), credentials.incarnation.get());
-    let quarantined = db::call(
-        client,
-        "SELECT pgtenant.quarantine($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        &[
-            (&key, Type::TEXT),
-            (&organization, Type::TEXT),
-            (&ledger, Type::TEXT),
-            (&epoch, Type::INT8),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&cause, Type::TEXT),
-            (&MIGRATION_REPAIR, Type::TEXT),
-        ],
-    )
-    .await;
+    let quarantined =
+        db::tenants::quarantine(client, id, epoch, credentials, &cause, MIGRATION_REPAIR).await;
     if let Err(db) = quarantined {
         warn!(error = %Error::db("quarantine")(db), "could not record the quarantine");
     }
