@@ -70,3 +70,13 @@ pub(crate) fn register(token: String, parameters: &Parameters) {
 pub(crate) fn find(token: &str) -> Option<Parameters> {
     lock(registry()).get(token).and_then(Weak::upgrade)
 }
+
+/// The characteristics a fenced transaction begins with, said explicitly in its `BEGIN`: the
+/// connection's defaults (startup options, role or database settings), never a session `SET`
+/// of an earlier tenant's work, which the session reset undoes only after `BEGIN`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Characteristics {
+    /// The default isolation level; None when the server named one this driver does not know.
+    pub(crate) isolation: Option<tokio_postgres::IsolationLevel>,
+    pub(crate) deferrable: bool,
+}

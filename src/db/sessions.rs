@@ -12,6 +12,9 @@ use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
+use crate::error::{Error, Result as PgtenantResult};
+use crate::wire::{Characteristics, Parameters, TOKEN_SETTING, TRANSACTION_SIGNAL};
+
 use crate::credentials::{millis, Credentials};
 
 /// How long a seal or a termination of work in flight waits for each terminated backend to
@@ -110,3 +113,68 @@ pub(crate) async fn reset_session(client: &Client) -> Result<(), tokio_postgres:
         .batch_execute("SELECT pgtenant.reset_session(NULL)")
         .await
 }
+
+/// What a connection's session defaults to, and whether its server reports the transaction
+/// signal: the connection must be one pgtenant opened (its token finds the reader), report `on`
+/// now, `off` once a transaction set it for itself, and `on` again after that transaction. A
+/// pooler that forwards only some parameters, or a server before PostgreSQL 14, fails one of
+/// these: the marker cursor then.
+pub(crate) async fn probe(object: &Client) -> PgtenantResult<(Option<Parameters>, Characteristics)> {
+    const CONTEXT: &str = "check what a data connection's server reports";
+    let row = object
+        .query_typed_one(
+            "SELECT pg_catalog.current_setting($1, true),
+                    (SELECT reset_val FROM pg_catalog.pg_settings
+                      WHERE name = 'default_transaction_isolation'),
+                    (SELECT reset_val FROM pg_catalog.pg_settings
+                      WHERE name = 'default_transaction_deferrable')",
+            &[(&TOKEN_SETTING, Type::TEXT)],
+        )
+        .await
+        .map_err(Error::db(CONTEXT))?;
+    let read = |row: &tokio_postgres::Row| -> Result<_, tokio_postgres::Error> {
+        Ok((
+            row.try_get::<_, Option<String>>(0)?,
+            row.try_get::<_, Option<String>>(1)?,
+            row.try_get::<_, Option<String>>(2)?,
+        ))
+    };
+    let (token, isolation, deferrable) = read(&row).map_err(Error::db(CONTEXT))?;
+    let characteristics = Characteristics {
+        isolation: match isolation.as_deref() {
+            Some("read committed") => Some(tokio_postgres::IsolationLevel::ReadCommitted),
+            Some("repeatable read") => Some(tokio_postgres::IsolationLevel::RepeatableRead),
+            Some("serializable") => Some(tokio_postgres::IsolationLevel::Serializable),
+            Some("read uncommitted") => Some(tokio_postgres::IsolationLevel::ReadUncommitted),
+            _ => None,
+        },
+        deferrable: deferrable.as_deref() == Some("on"),
+    };
+    let Some(reader) = token.as_deref().and_then(crate::wire::find) else {
+        return Ok((None, characteristics));
+    };
+    let reported = |want: &str| reader(TRANSACTION_SIGNAL).as_deref() == Some(want);
+    if !reported("on") {
+        return Ok((None, characteristics));
+    }
+    let (begun, set) = tokio::join!(
+        object.batch_execute("BEGIN"),
+        object.query_typed(
+            "SELECT pg_catalog.set_config($1, 'off', true)",
+            &[(&TRANSACTION_SIGNAL, Type::TEXT)],
+        ),
+    );
+    begun.map_err(Error::db(CONTEXT))?;
+    let set = set.map(drop).map_err(Error::db(CONTEXT));
+    let during = reported("off");
+    object
+        .batch_execute("ROLLBACK")
+        .await
+        .map_err(Error::db(CONTEXT))?;
+    set?;
+    Ok((
+        (during && reported("on")).then_some(reader),
+        characteristics,
+    ))
+}
+

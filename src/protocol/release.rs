@@ -134,7 +134,7 @@ async fn run(pool: Pool, mut incoming: Requests) {
 
 async fn release_group(pool: &Pool, mut group: Vec<Request>) {
     let outcome = {
-        let releases: Vec<Release<'_>> = group.iter().map(Request::as_release).collect();
+        let releases: Vec<Release<'_>> = group.iter().map(as_release).collect();
         release_on(pool, &group[0].credentials, &releases).await
     };
     crate::metrics::releases_batched(group.len());
@@ -153,7 +153,7 @@ async fn release_group(pool: &Pool, mut group: Vec<Request>) {
             // Each release alone, so each caller gets its own outcome and error.
             tracing::warn!(%error, size = group.len(), "batched release failed; releasing one by one");
             for request in group {
-                let outcome = release_on(pool, &request.credentials, &[request.as_release()])
+                let outcome = release_on(pool, &request.credentials, &[as_release(&request)])
                     .await
                     .map(|released| released.first().copied().unwrap_or(false));
                 let _ = request.reply.send(outcome);
@@ -171,3 +171,16 @@ async fn release_on(
     db::leases::release(&client, credentials, releases).await
 }
 
+
+/// A queued request as the control-plane call takes it.
+fn as_release(request: &Request) -> Release<'_> {
+    (
+        &request.id,
+        request.epoch,
+        request.event,
+        request
+            .reserve
+            .as_ref()
+            .map(|(replica, window)| (replica.as_str(), *window)),
+    )
+}

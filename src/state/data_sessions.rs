@@ -14,11 +14,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use deadpool_postgres::{Object, ObjectId};
-use tokio_postgres::types::Type;
 
-use crate::error::{Error, Result};
 use crate::sync::{lock, PooledConnection};
-use crate::wire::{Parameters, TOKEN_SETTING, TRANSACTION_SIGNAL};
+use crate::wire::{Characteristics, Parameters};
 
 /// One pooled connection as the data path last left it.
 struct Known {
@@ -41,16 +39,6 @@ pub(crate) struct DataSessions {
     known: Mutex<HashMap<ObjectId, Known>>,
 }
 
-/// The characteristics a fenced transaction begins with, said explicitly in its `BEGIN`: the
-/// connection's defaults (startup options, role or database settings), never a session `SET`
-/// of an earlier tenant's work, which the session reset undoes only after `BEGIN`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Characteristics {
-    /// The default isolation level; None when the server named one this driver does not know.
-    pub(crate) isolation: Option<tokio_postgres::IsolationLevel>,
-    pub(crate) deferrable: bool,
-}
-
 /// How a transaction on one connection enters its tenant.
 pub(crate) struct Entered {
     /// Where the server reports the transaction's end; None: the marker cursor.
@@ -62,9 +50,10 @@ pub(crate) struct Entered {
 }
 
 impl DataSessions {
-    /// What a transaction for `tenant` on `object` must do: one check of the connection the
-    /// first time the data path sees it (two round trips), nothing after.
-    pub(crate) async fn enter(&self, object: &Object, tenant: &Arc<str>) -> Result<Entered> {
+    /// What a transaction for `tenant` on `object` must do; None the first time the data path
+    /// sees the connection: then the connection is checked (`db::sessions::probe`, two round
+    /// trips) and [`DataSessions::learn`] records what the check found.
+    pub(crate) fn enter(&self, object: &Object, tenant: &Arc<str>) -> Option<Entered> {
         let checkout = Object::metrics(object).recycle_count;
         let id = Object::id(object);
         {
@@ -83,14 +72,26 @@ impl DataSessions {
                     // connection is clean for nobody (a rolled back reset is undone).
                     entry.clean_for = None;
                 }
-                return Ok(Entered {
+                return Some(Entered {
                     signal: entry.signal.clone(),
                     characteristics: entry.characteristics,
                     reset,
                 });
             }
         }
-        let (signal, characteristics) = probe(object).await?;
+        None
+    }
+
+    /// Records what the check of a connection the data path had not seen found: a transaction
+    /// on it resets the session first.
+    pub(crate) fn learn(
+        &self,
+        object: &Object,
+        signal: Option<Parameters>,
+        characteristics: Characteristics,
+    ) -> Entered {
+        let checkout = Object::metrics(object).recycle_count;
+        let id = Object::id(object);
         let mut known = lock(&self.known);
         if known.len() > 64 && known.len().is_power_of_two() {
             known.retain(|_, entry| !entry.connection.is_gone());
@@ -106,11 +107,11 @@ impl DataSessions {
                 served: std::collections::HashSet::new(),
             },
         );
-        Ok(Entered {
+        Entered {
             signal,
             characteristics,
             reset: true,
-        })
+        }
     }
 
     /// A transaction for `tenant` committed on connection `object`: it is clean for that
@@ -135,70 +136,6 @@ impl DataSessions {
         known.remove(&object);
         true
     }
-}
-
-/// What a connection's session defaults to, and whether its server reports the transaction
-/// signal: the connection must be one pgtenant opened (its token finds the reader), report `on`
-/// now, `off` once a transaction set it for itself, and `on` again after that transaction. A
-/// pooler that forwards only some parameters, or a server before PostgreSQL 14, fails one of
-/// these: the marker cursor then.
-async fn probe(object: &Object) -> Result<(Option<Parameters>, Characteristics)> {
-    const CONTEXT: &str = "check what a data connection's server reports";
-    let row = object
-        .query_typed_one(
-            "SELECT pg_catalog.current_setting($1, true),
-                    (SELECT reset_val FROM pg_catalog.pg_settings
-                      WHERE name = 'default_transaction_isolation'),
-                    (SELECT reset_val FROM pg_catalog.pg_settings
-                      WHERE name = 'default_transaction_deferrable')",
-            &[(&TOKEN_SETTING, Type::TEXT)],
-        )
-        .await
-        .map_err(Error::db(CONTEXT))?;
-    let read = |row: &tokio_postgres::Row| -> std::result::Result<_, tokio_postgres::Error> {
-        Ok((
-            row.try_get::<_, Option<String>>(0)?,
-            row.try_get::<_, Option<String>>(1)?,
-            row.try_get::<_, Option<String>>(2)?,
-        ))
-    };
-    let (token, isolation, deferrable) = read(&row).map_err(Error::db(CONTEXT))?;
-    let characteristics = Characteristics {
-        isolation: match isolation.as_deref() {
-            Some("read committed") => Some(tokio_postgres::IsolationLevel::ReadCommitted),
-            Some("repeatable read") => Some(tokio_postgres::IsolationLevel::RepeatableRead),
-            Some("serializable") => Some(tokio_postgres::IsolationLevel::Serializable),
-            Some("read uncommitted") => Some(tokio_postgres::IsolationLevel::ReadUncommitted),
-            _ => None,
-        },
-        deferrable: deferrable.as_deref() == Some("on"),
-    };
-    let Some(reader) = token.as_deref().and_then(crate::wire::find) else {
-        return Ok((None, characteristics));
-    };
-    let reported = |want: &str| reader(TRANSACTION_SIGNAL).as_deref() == Some(want);
-    if !reported("on") {
-        return Ok((None, characteristics));
-    }
-    let (begun, set) = tokio::join!(
-        object.batch_execute("BEGIN"),
-        object.query_typed(
-            "SELECT pg_catalog.set_config($1, 'off', true)",
-            &[(&TRANSACTION_SIGNAL, Type::TEXT)],
-        ),
-    );
-    begun.map_err(Error::db(CONTEXT))?;
-    let set = set.map(drop).map_err(Error::db(CONTEXT));
-    let during = reported("off");
-    object
-        .batch_execute("ROLLBACK")
-        .await
-        .map_err(Error::db(CONTEXT))?;
-    set?;
-    Ok((
-        (during && reported("on")).then_some(reader),
-        characteristics,
-    ))
 }
 
 fn hash(tenant: &str) -> u64 {

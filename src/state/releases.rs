@@ -8,7 +8,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::credentials::Credentials;
-use crate::db::leases::Release;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, Journal};
@@ -21,19 +20,6 @@ pub(crate) struct Request {
     pub(crate) event: Journal,
     pub(crate) reserve: Option<(String, Duration)>,
     pub(crate) reply: oneshot::Sender<Result<bool>>,
-}
-
-impl Request {
-    pub(crate) fn as_release(&self) -> Release<'_> {
-        (
-            &self.id,
-            self.epoch,
-            self.event,
-            self.reserve
-                .as_ref()
-                .map(|(replica, window)| (replica.as_str(), *window)),
-        )
-    }
 }
 
 /// The batcher's end of the queue.

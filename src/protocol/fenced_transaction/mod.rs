@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use tokio_postgres::{Statement, Transaction};
 
+use crate::db;
 use crate::db::fence::{self, Form};
 use crate::error::pool_error;
 use crate::error::{Error, Result};
@@ -102,7 +103,7 @@ impl Entry {
 struct Entered {
     entry: Entry,
     check: Option<Statement>,
-    characteristics: crate::state::data_sessions::Characteristics,
+    characteristics: crate::wire::Characteristics,
 }
 
 /// Prepares this connection's entry: the fence, or the binding (once per connection and
@@ -124,7 +125,13 @@ async fn entry(
     } else {
         None
     };
-    let entered = router.data_sessions.enter(client, &handle.key).await?;
+    let entered = match router.data_sessions.enter(client, &handle.key) {
+        Some(entered) => entered,
+        None => {
+            let (signal, characteristics) = db::sessions::probe(client).await?;
+            router.data_sessions.learn(client, signal, characteristics)
+        }
+    };
     let entry = match (pid, entered.signal.is_some()) {
         (Some(pid), true) => Entry::Pinned {
             pid,
@@ -281,7 +288,7 @@ async fn begin<'c>(
     client: &'c mut tokio_postgres::Client,
     state: &mut SessionState,
     read_only: bool,
-    characteristics: crate::state::data_sessions::Characteristics,
+    characteristics: crate::wire::Characteristics,
 ) -> Result<Transaction<'c>> {
     let bound = handle.router.options.stuck_timeout;
     let mut builder = client
