@@ -60,10 +60,10 @@
 pub mod admin;
 mod citus;
 mod connect;
-mod credentials;
-mod db;
 mod control_plane;
+mod credentials;
 mod data_pool;
+mod db;
 mod error;
 mod event;
 mod handle;

@@ -43,7 +43,7 @@ pub(crate) async fn release(
         [(id, ..)] => format!("release tenant {id}"),
         _ => format!("release {} leases", releases.len()),
     };
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT ord, released FROM pgtenant.release($1, $2, $3, $4, $5, $6, $7, $8)",
         &[
@@ -90,7 +90,7 @@ pub(crate) async fn request_handoff(
     credentials: &Credentials,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let incarnation = credentials.incarnation.get();
-    super::call(
+    crate::db::call(
         client,
         "SELECT pgtenant.request_handoff($1, $2, $3, $4)",
         &[
@@ -113,7 +113,7 @@ pub(crate) async fn take_handoff_request(
     requester: &str,
 ) -> Result<bool> {
     let incarnation = credentials.incarnation.get();
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT pgtenant.take_handoff_request($1, $2, $3, $4, $5)",
         &[
@@ -125,7 +125,9 @@ pub(crate) async fn take_handoff_request(
         ],
     )
     .await
-    .map_err(Error::db_with(|| format!("check a handoff request for tenant {id}")))?;
+    .map_err(Error::db_with(|| {
+        format!("check a handoff request for tenant {id}")
+    }))?;
     match rows.first() {
         Some(row) => row
             .try_get(0)
@@ -141,7 +143,6 @@ pub(crate) async fn take_handoff_request(
 const ACQUIRE_SQL: &str =
     "SELECT epoch, schema_name, previous_owner, took_over, quarantine, schema_version, lock_key
        FROM pgtenant.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-
 
 /// What `pgtenant.acquire` answered.
 pub(crate) struct Acquisition {
@@ -193,7 +194,7 @@ pub(crate) async fn acquire(
 ) -> std::result::Result<Option<Acquisition>, tokio_postgres::Error> {
     let (key, organization, ledger) = (id.key(), id.organization(), id.ledger());
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         ACQUIRE_SQL,
         &[

@@ -66,7 +66,7 @@ pub(crate) async fn bind(
     credentials: &Credentials,
 ) -> Result<i32, tokio_postgres::Error> {
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT pgtenant.bind($1, $2, $3)",
         &[
@@ -91,7 +91,7 @@ pub(crate) async fn terminate_work(
 ) -> Result<(), tokio_postgres::Error> {
     let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
     let timeout = i64::from(millis(TERMINATE_TIMEOUT));
-    super::call(
+    crate::db::call(
         client,
         "SELECT pgtenant.terminate_work($1, $2, $3, $4, $5)",
         &[
@@ -119,7 +119,9 @@ pub(crate) async fn reset_session(client: &Client) -> Result<(), tokio_postgres:
 /// now, `off` once a transaction set it for itself, and `on` again after that transaction. A
 /// pooler that forwards only some parameters, or a server before PostgreSQL 14, fails one of
 /// these: the marker cursor then.
-pub(crate) async fn probe(object: &Client) -> PgtenantResult<(Option<Parameters>, Characteristics)> {
+pub(crate) async fn probe(
+    object: &Client,
+) -> PgtenantResult<(Option<Parameters>, Characteristics)> {
     const CONTEXT: &str = "check what a data connection's server reports";
     let row = object
         .query_typed_one(
@@ -177,4 +179,3 @@ pub(crate) async fn probe(object: &Client) -> PgtenantResult<(Option<Parameters>
         characteristics,
     ))
 }
-

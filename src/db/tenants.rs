@@ -19,7 +19,7 @@ pub(crate) async fn forget(
 ) -> Result<String, tokio_postgres::Error> {
     let (key, secret, epoch) = (id.key(), credentials.secret(), epoch.get());
     let incarnation = credentials.incarnation.get();
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT pgtenant.forget($1, $2, $3, $4, $5)",
         &[
@@ -63,7 +63,7 @@ pub(crate) async fn restore(
     let (key, secret) = (id.key(), credentials.secret());
     let incarnation = credentials.incarnation.get();
     let seal = Seal::new(key, credentials);
-    let rows = super::call_after(
+    let rows = crate::db::call_after(
         client,
         (Seal::SQL, &seal.params()),
         "SELECT epoch, schema_name, schema_version, lock_key \
@@ -132,7 +132,7 @@ pub(crate) async fn quarantine(
         credentials.secret(),
     );
     let (epoch, incarnation) = (epoch.map(Epoch::get), credentials.incarnation.get());
-    super::call(
+    crate::db::call(
         client,
         "SELECT pgtenant.quarantine($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         &[

@@ -11,19 +11,19 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use crate::credentials::{millis, Credentials};
 use crate::db;
 use crate::db::leases::{AcquireBounds, Acquisition};
+use crate::db::sessions::TERMINATE_TIMEOUT;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
 use crate::lease::Epoch;
+use crate::protocol::release::give_back_unused;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
-use crate::db::sessions::TERMINATE_TIMEOUT;
-use crate::credentials::{millis, Credentials};
-use crate::protocol::release::give_back_unused;
 use crate::state::shared::{Acquired, HandleInner, Shared};
 use crate::sync::lock;
 
@@ -268,8 +268,7 @@ async fn create_once(
         .await
         .map_err(Error::db_with(context))?;
     let bounds = bounds(shared);
-    let (scrubbed, acquired) =
-        db::leases::acquire_to_create(&tx, id, credentials, &bounds).await;
+    let (scrubbed, acquired) = db::leases::acquire_to_create(&tx, id, credentials, &bounds).await;
     scrubbed.map_err(Error::db_with(context))?;
     let answer = answered(acquired, id, credentials)?;
     if answer.schema.is_some() || answer.quarantine.is_some() {
@@ -301,11 +300,11 @@ async fn create_once(
     let version = shared.options.code_version();
     db::leases::schema_created(&tx, id, epoch, credentials, &schema, version)
         .await
-    .map_err(|error| match sqlstate::of(&error) {
-        // The control plane would not vouch for the schema (G8): typed, with what to do.
-        Some(sqlstate::FOREIGN_SCHEMA) => refusal::map(error, &scope(id, credentials)),
-        _ => Error::db_with(context)(error),
-    })?;
+        .map_err(|error| match sqlstate::of(&error) {
+            // The control plane would not vouch for the schema (G8): typed, with what to do.
+            Some(sqlstate::FOREIGN_SCHEMA) => refusal::map(error, &scope(id, credentials)),
+            _ => Error::db_with(context)(error),
+        })?;
     tx.commit().await.map_err(Error::db_with(context))?;
     shared.emit(Event::Created {
         tenant: id.clone(),

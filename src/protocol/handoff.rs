@@ -18,9 +18,9 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState, Journal};
 use crate::options::HandoffPolicy;
+use crate::protocol::release::give_back;
 use crate::refusal::{self, Scope};
 use crate::replica_id::ReplicaId;
-use crate::protocol::release::give_back;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
 use crate::state::shared::{HandleInner, Shared};
 use crate::sync::lock;
@@ -93,7 +93,7 @@ pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
     };
     db::leases::request_handoff(&client, id, &credentials)
         .await
-    .map_err(|error| refusal::map(error, &scope))?;
+        .map_err(|error| refusal::map(error, &scope))?;
     Ok(())
 }
 

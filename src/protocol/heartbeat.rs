@@ -12,11 +12,11 @@ use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
+use crate::credentials::{millis, Credentials};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::options::RouterOptions;
 use crate::protocol::replica_start::{begin_incarnation, LeaseSession};
-use crate::credentials::{millis, Credentials};
 use crate::state::shared::{RegistrationFailure, Shared};
 use crate::sync::lock;
 

@@ -100,7 +100,8 @@ pub(crate) async fn give_back_unused(
     epoch: Epoch,
     credentials: &Credentials,
 ) {
-    let released = db::leases::release(client, credentials, &[(id, epoch, Journal::Released, None)]).await;
+    let released =
+        db::leases::release(client, credentials, &[(id, epoch, Journal::Released, None)]).await;
     if let Err(error) = released {
         warn!(tenant = %id, %error, replica = %shared.options.replica_id, "could not give the lease back; it ends with its expiry");
     }
@@ -170,7 +171,6 @@ async fn release_on(
     let client = pool.get().await.map_err(pool_error("release leases"))?;
     db::leases::release(&client, credentials, releases).await
 }
-
 
 /// A queued request as the control-plane call takes it.
 fn as_release(request: &Request) -> Release<'_> {

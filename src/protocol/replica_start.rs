@@ -19,13 +19,13 @@ use tracing::info;
 
 use crate::connect::Connector;
 use crate::control_plane::LOCK_NAMESPACE;
+use crate::credentials::{millis, Credentials};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::lease::Incarnation;
 use crate::options::RouterOptions;
 use crate::replica_id::ReplicaId;
 use crate::state::bindings::Mode;
-use crate::credentials::{millis, Credentials};
 use crate::state::liveness::{Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
 use crate::state::releases::ReleaseQueue;
 use crate::state::shared::{Shared, EVENT_BUFFER};

@@ -8,6 +8,7 @@ use refinery::Runner;
 use tokio_postgres::Transaction;
 use tracing::warn;
 
+use crate::credentials::Credentials;
 use crate::db;
 use crate::db::fence::{self, Form};
 use crate::error::{Error, Result};
@@ -15,10 +16,9 @@ use crate::event::Event;
 use crate::id::TenantId;
 use crate::lease::Epoch;
 use crate::migrate::InTransaction;
+use crate::protocol::release::give_back_unused;
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
-use crate::credentials::Credentials;
-use crate::protocol::release::give_back_unused;
 use crate::state::shared::Shared;
 
 /// refinery's history table, unqualified: it resolves to the tenant schema through the
@@ -76,15 +76,23 @@ pub(crate) async fn migrate_existing(
         read_only: false,
         signalled: false,
     };
-    fence::fence(&tx, write, None, id.key(), epoch, lock_key, &shared.idle_timeout_ms)
-        .await
-        .map_err(Error::db_with(context))?;
+    fence::fence(
+        &tx,
+        write,
+        None,
+        id.key(),
+        epoch,
+        lock_key,
+        &shared.idle_timeout_ms,
+    )
+    .await
+    .map_err(Error::db_with(context))?;
     let applied = apply(&tx, &shared.options.migrations, shared.placement).await?;
     let code = shared.options.code_version();
     let applied = format!("{schema}: {}", applied.join(", "));
     db::tenants::schema_migrated(&tx, id, epoch, credentials, code, &applied)
         .await
-    .map_err(Error::db_with(context))?;
+        .map_err(Error::db_with(context))?;
     tx.commit().await.map_err(Error::db_with(context))
 }
 

@@ -52,7 +52,6 @@ struct Refusal {
 /// the first stays below this.
 pub(crate) const LASTING_AFTER: u32 = 3;
 
-
 impl Bindings {
     /// Records that the database refused to bind `incarnation`; returns (in a row, first time
     /// for this incarnation).

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::lease::Incarnation;
 use crate::credentials::Credentials;
+use crate::lease::Incarnation;
 use crate::sync::lock;
 
 /// What handles read on every call: atomics only, no lock (the credentials, read on control

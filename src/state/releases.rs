@@ -63,4 +63,3 @@ impl ReleaseQueue {
         answer.await.map_err(|_| Error::RouterClosed)?
     }
 }
-

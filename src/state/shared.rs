@@ -17,6 +17,7 @@ use tokio::sync::{broadcast, Notify};
 use tokio_postgres::CancelToken;
 
 use crate::citus::Placement;
+use crate::credentials::{millis, Credentials};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
@@ -25,7 +26,6 @@ use crate::options::RouterOptions;
 use crate::schema_version::SchemaVersion;
 use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
-use crate::credentials::{millis, Credentials};
 use crate::state::data_sessions::DataSessions;
 use crate::state::liveness::{Liveness, Notice};
 use crate::state::releases::ReleaseQueue;

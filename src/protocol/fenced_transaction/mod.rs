@@ -235,8 +235,8 @@ async fn send_entry(
 /// session reset), else an idle one of the pool, else, rather than wait while a connection
 /// is idle, the one parked longest for another tenant, else wait for the pool.
 pub(crate) async fn tenant_connection(
-shared: &Shared,
-tenant: &str,
+    shared: &Shared,
+    tenant: &str,
 ) -> std::result::Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
     if let Some(object) = shared.parking.take(tenant) {
         return Ok(object);
@@ -254,7 +254,6 @@ tenant: &str,
     }
     shared.pool.get().await
 }
-
 
 /// The admission sequence of both ways in (`run` and `TenantConnection::begin`), the work
 /// already counted in flight in `state`: the connection's entry (bound under session fencing),

@@ -7,11 +7,11 @@
 
 use deadpool_postgres::Object;
 
+use crate::credentials::Credentials;
 use crate::db;
 use crate::error::{Error, Result};
 use crate::sqlstate;
 use crate::state::bindings::LASTING_AFTER;
-use crate::credentials::Credentials;
 use crate::state::shared::Shared;
 
 /// Binds `object` to the credentials' incarnation unless it is already: one round trip on a

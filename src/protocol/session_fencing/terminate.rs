@@ -5,10 +5,10 @@
 
 use deadpool_postgres::Pool;
 
+use crate::credentials::Credentials;
 use crate::db;
 use crate::error::pool_error;
 use crate::error::{Error, Result};
-use crate::credentials::Credentials;
 
 /// Terminates the backends of this replica's own work still in flight (their transactions roll
 /// back), waiting for each to exit: before a voluntary end's release commits under session
@@ -27,5 +27,5 @@ pub(crate) async fn terminate_work(
         .map_err(pool_error("terminate work in flight"))?;
     db::sessions::terminate_work(&client, credentials, pids)
         .await
-    .map_err(Error::db("terminate work in flight"))
+        .map_err(Error::db("terminate work in flight"))
 }
