@@ -10,17 +10,19 @@ use tokio_postgres::{Error, Statement, Transaction};
 
 use crate::lease::Epoch;
 
-/// The fence (the tenant's advisory lock held shared + the epoch check + session hygiene +
-/// search_path + the marker cursor). Every form takes (key, epoch, lock key, idle ms) and
-/// returns one row or raises.
-const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4)";
-/// The read-only variant: the same checks without the lock.
-const FENCE_READ_SQL: &str = "SELECT pgtenant.fence_read($1, $2, $3, $4)";
-/// Both on a connection that reports the transaction signal (V9): no marker cursor and no
-/// hygiene check (the client decides the reset); the same arguments.
-const FENCE_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_signalled($1, $2, $3, $4)";
-const FENCE_READ_SIGNALLED_SQL: &str = "SELECT pgtenant.fence_read_signalled($1, $2, $3, $4)";
-const FENCE_TYPES: [Type; 4] = [Type::TEXT, Type::INT8, Type::INT4, Type::TEXT];
+/// The fence (V14, one function for every form): the tenant's advisory lock held shared (not
+/// for a read) + the epoch check + session hygiene and the marker cursor (not on a connection
+/// that reports the transaction signal, where the client decides the reset) + search_path.
+/// Takes (key, epoch, lock key, idle ms, read-only, signalled) and returns one row or raises.
+const FENCE_SQL: &str = "SELECT pgtenant.fence($1, $2, $3, $4, $5, $6)";
+const FENCE_TYPES: [Type; 6] = [
+    Type::TEXT,
+    Type::INT8,
+    Type::INT4,
+    Type::TEXT,
+    Type::BOOL,
+    Type::BOOL,
+];
 /// Session fencing's one statement per transaction (the connection is bound): hygiene,
 /// search_path, the marker cursor; no row read, no lock.
 const ENTER_SQL: &str = "SELECT pgtenant.enter($1, $2)";
@@ -49,9 +51,8 @@ pub(crate) const ENDED_CONSTRAINT: &str = "the_work_ended_the_fenced_transaction
 /// pooled connection (the server then neither parses nor plans it) or sent unnamed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Form {
-    /// `pgtenant.fence`: read-only without the lock; signalled on a connection that reports
-    /// the transaction signal (the client decides the reset).
-    Fence { read_only: bool, signalled: bool },
+    /// `pgtenant.fence`, every form.
+    Fence,
     /// `pgtenant.enter`, session fencing's entry on a bound connection.
     Enter,
     /// The pin: session fencing on a connection that reports the transaction signal.
@@ -63,22 +64,7 @@ pub(crate) enum Form {
 impl Form {
     fn sql(self) -> &'static str {
         match self {
-            Form::Fence {
-                read_only: false,
-                signalled: false,
-            } => FENCE_SQL,
-            Form::Fence {
-                read_only: true,
-                signalled: false,
-            } => FENCE_READ_SQL,
-            Form::Fence {
-                read_only: false,
-                signalled: true,
-            } => FENCE_SIGNALLED_SQL,
-            Form::Fence {
-                read_only: true,
-                signalled: true,
-            } => FENCE_READ_SIGNALLED_SQL,
+            Form::Fence => FENCE_SQL,
             Form::Enter => ENTER_SQL,
             Form::Pin => PIN_SQL,
             Form::Check => CHECK_SQL,
@@ -87,7 +73,7 @@ impl Form {
 
     fn types(self) -> &'static [Type] {
         match self {
-            Form::Fence { .. } => &FENCE_TYPES,
+            Form::Fence => &FENCE_TYPES,
             Form::Enter => &ENTER_TYPES,
             Form::Pin => &PIN_TYPES,
             Form::Check => &[],
@@ -123,18 +109,23 @@ async fn send(
 }
 
 /// `pgtenant.fence`: passes only while `epoch` is the tenant's current lease, and sets the
-/// transaction up for the tenant's schema. `form` must be a [`Form::Fence`].
+/// transaction up for the tenant's schema. A read-only one takes no lock; a signalled one (on a
+/// connection that reports the transaction signal) leaves the session reset to the client.
+#[allow(clippy::too_many_arguments)] // the function's own arguments, each typed
 pub(crate) async fn fence(
     tx: &Transaction<'_>,
-    form: Form,
     prepared: Option<&Statement>,
+    read_only: bool,
+    signalled: bool,
     key: &str,
     epoch: Epoch,
     lock_key: i32,
     idle_ms: &str,
 ) -> Result<(), Error> {
     let epoch = epoch.get();
-    send(tx, form, prepared, &[&key, &epoch, &lock_key, &idle_ms]).await
+    let params: [&(dyn ToSql + Sync); 6] =
+        [&key, &epoch, &lock_key, &idle_ms, &read_only, &signalled];
+    send(tx, Form::Fence, prepared, &params).await
 }
 
 /// `pgtenant.enter`: session fencing's entry on a connection bound to this incarnation.

@@ -10,7 +10,7 @@ use tracing::warn;
 
 use crate::credentials::Credentials;
 use crate::db;
-use crate::db::fence::{self, Form};
+use crate::db::fence;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
@@ -72,14 +72,12 @@ pub(crate) async fn migrate_existing(
         .map_err(Error::db_with(context))?;
     // The fence's write form, unnamed: a migration is rare, and its connection's statement
     // cache is the data path's business.
-    let write = Form::Fence {
-        read_only: false,
-        signalled: false,
-    };
+    let (read_only, signalled) = (false, false);
     fence::fence(
         &tx,
-        write,
         None,
+        read_only,
+        signalled,
         id.key(),
         epoch,
         lock_key,

@@ -73,7 +73,9 @@ impl std::fmt::Debug for Tx<'_, '_> {
 enum Entry {
     Fence {
         statement: Option<Statement>,
-        form: Form,
+        read_only: bool,
+        /// The connection reports the transaction signal.
+        signalled: bool,
         /// On a connection that reports the transaction signal, the client decides the reset
         /// (without the signal the fence does): whether the session is reset first.
         reset: bool,
@@ -142,17 +144,12 @@ async fn entry(
             pid,
             enter: prepared(client, cached, Form::Enter, "prepare the entry statement").await?,
         },
-        (None, signalled) => {
-            let form = Form::Fence {
-                read_only,
-                signalled,
-            };
-            Entry::Fence {
-                statement: prepared(client, cached, form, "prepare the fence").await?,
-                form,
-                reset: signalled && entered.reset,
-            }
-        }
+        (None, signalled) => Entry::Fence {
+            statement: prepared(client, cached, Form::Fence, "prepare the fence").await?,
+            read_only,
+            signalled,
+            reset: signalled && entered.reset,
+        },
     };
     let check = prepared(client, cached, Form::Check, "prepare the commit check").await?;
     Ok(Entered {
@@ -214,13 +211,15 @@ async fn send_entry(
         }
         Entry::Fence {
             statement,
-            form,
+            read_only,
+            signalled,
             reset,
         } => {
             let fenced = fence::fence(
                 tx,
-                *form,
                 statement.as_ref(),
+                *read_only,
+                *signalled,
                 handle.id.key(),
                 handle.epoch,
                 handle.lock_key,
