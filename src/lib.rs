@@ -60,9 +60,9 @@
 pub mod admin;
 mod citus;
 mod connect;
-mod db;
 mod control_plane;
 mod data_pool;
+mod db;
 mod error;
 mod event;
 mod handle;
