@@ -106,7 +106,7 @@ fn state_of(text: &str) -> Result<TenantState> {
     }
 }
 
-/// A [`TenantRecord`] from one of `db::admin::lease_rows`'s rows.
+/// A [`TenantRecord`] from one of `db::admin::lease_rows`'s (or `lease_rows_of`'s) rows.
 fn record(row: &tokio_postgres::Row) -> Result<TenantRecord> {
     let row = db::admin::lease_row(row)?;
     Ok(TenantRecord {
@@ -127,78 +127,21 @@ fn record(row: &tokio_postgres::Row) -> Result<TenantRecord> {
     })
 }
 
-/// The WHERE clause of [`list_tenants`]: only the filters given, each written so that an index
-/// can serve it (a filter written `($1 IS NULL OR …)` hides it from the planner), and each
-/// state also by the columns that decide it, so a rare state is found through its partial
-/// index instead of a walk over every tenant. Returns the clause and the parameters' values.
-fn filters(
-    query: &TenantQuery,
-) -> (
-    String,
-    Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
-) {
-    let mut clauses: Vec<String> = Vec::new();
-    let mut params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = Vec::new();
-    let mut param = |value: Box<dyn tokio_postgres::types::ToSql + Sync + Send>| {
-        params.push(value);
-        format!("${}", params.len())
-    };
-    if let Some(owner) = &query.owner {
-        let p = param(Box::new(owner.clone()));
-        clauses.push(format!("s.owner = {p}"));
-    }
-    if let Some(state) = query.state {
-        let p = param(Box::new(state.as_str().to_owned()));
-        clauses.push(format!("s.state = {p}"));
-        // The columns each state implies (pgtenant.lease_rows' CASE), for the indexes.
-        clauses.push(
-            match state {
-                TenantState::Forgotten => "s.schema IS NULL",
-                TenantState::Quarantined => "s.quarantine_cause IS NOT NULL",
-                TenantState::Free | TenantState::Reserved => "s.owner IS NULL",
-                TenantState::Held
-                | TenantState::Stalled
-                | TenantState::OwnerGone
-                | TenantState::OwnerReregistered => "s.owner IS NOT NULL",
-                TenantState::Absent => "false",
-            }
-            .to_owned(),
-        );
-    }
-    match query.quarantined {
-        Some(true) => clauses.push("s.quarantine_cause IS NOT NULL".to_owned()),
-        Some(false) => clauses.push("s.quarantine_cause IS NULL".to_owned()),
-        None => {}
-    }
-    if let Some(behind) = query.behind {
-        let p = param(Box::new(behind));
-        clauses.push(format!("s.schema IS NOT NULL AND s.version < {p}"));
-    }
-    if let Some(after) = &query.after {
-        let p = param(Box::new(after.key().to_owned()));
-        clauses.push(format!("s.tenant > {p}"));
-    }
-    let limit = param(Box::new(query.limit));
-    let clause = if clauses.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", clauses.join(" AND "))
-    };
-    (format!("{clause} ORDER BY s.tenant LIMIT {limit}"), params)
-}
-
 /// A page of tenants, by key. Invalid filters are refused before any query.
 pub async fn list_tenants(
     client: &impl GenericClient,
     query: &TenantQuery,
 ) -> Result<Vec<TenantRecord>> {
     query.validate()?;
-    let (clause, params) = filters(query);
-    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-        .iter()
-        .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-        .collect();
-    let rows = db::admin::lease_rows(client, &clause, &params)
+    let filter = db::admin::LeaseFilter {
+        owner: query.owner.as_ref(),
+        state: query.state,
+        quarantined: query.quarantined,
+        behind: query.behind,
+        after: query.after.as_ref(),
+        limit: query.limit,
+    };
+    let rows = db::admin::lease_rows(client, &filter)
         .await
         .map_err(Error::db("list tenants"))?;
     rows.iter().map(record).collect()
@@ -209,7 +152,7 @@ pub async fn show_tenant(
     client: &impl GenericClient,
     id: &TenantId,
 ) -> Result<Option<TenantRecord>> {
-    let rows = db::admin::lease_rows(client, " WHERE s.tenant = $1", &[&id.key()])
+    let rows = db::admin::lease_rows_of(client, id)
         .await
         .map_err(Error::db_with(|| format!("show tenant {id}")))?;
     rows.first().map(record).transpose()

@@ -44,11 +44,101 @@ const LEGACY_SOURCE: &str =
 /// The control-plane version that brought `lease_rows` and `fleet_status`.
 const LEASE_ROWS_VERSION: i64 = 10;
 
-/// The lease rows that `clause` (a WHERE, ORDER BY and LIMIT over `s`, whose parameters are
-/// `params`) selects, read with [`lease_row`]. On lease_rows, and once more on [`V10_SOURCE`]
-/// or [`LEGACY_SOURCE`] when the database's control plane predates it. The driver's error is
-/// returned as is: each caller says what it was doing.
+/// Which lease rows [`lease_rows`] reads: filters combine with AND; a page by key.
+pub(crate) struct LeaseFilter<'a> {
+    pub(crate) owner: Option<&'a ReplicaId>,
+    pub(crate) state: Option<TenantState>,
+    pub(crate) quarantined: Option<bool>,
+    /// Live tenants whose migration version is below this one.
+    pub(crate) behind: Option<SchemaVersion>,
+    /// The page after this tenant.
+    pub(crate) after: Option<&'a TenantId>,
+    pub(crate) limit: i64,
+}
+
+/// The WHERE clause of [`lease_rows`]: only the filters given, each written so that an index
+/// can serve it (a filter written `($1 IS NULL OR …)` hides it from the planner), and each
+/// state also by the columns that decide it, so a rare state is found through its partial
+/// index instead of a walk over every tenant. Returns the clause and the parameters' values.
+fn filters(query: &LeaseFilter<'_>) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
+    let mut clauses: Vec<String> = Vec::new();
+    let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+    let mut param = |value: Box<dyn ToSql + Sync + Send>| {
+        params.push(value);
+        format!("${}", params.len())
+    };
+    if let Some(owner) = query.owner {
+        let p = param(Box::new(owner.clone()));
+        clauses.push(format!("s.owner = {p}"));
+    }
+    if let Some(state) = query.state {
+        let p = param(Box::new(state.as_str().to_owned()));
+        clauses.push(format!("s.state = {p}"));
+        // The columns each state implies (pgtenant.lease_rows' CASE), for the indexes.
+        clauses.push(
+            match state {
+                TenantState::Forgotten => "s.schema IS NULL",
+                TenantState::Quarantined => "s.quarantine_cause IS NOT NULL",
+                TenantState::Free | TenantState::Reserved => "s.owner IS NULL",
+                TenantState::Held
+                | TenantState::Stalled
+                | TenantState::OwnerGone
+                | TenantState::OwnerReregistered => "s.owner IS NOT NULL",
+                TenantState::Absent => "false",
+            }
+            .to_owned(),
+        );
+    }
+    match query.quarantined {
+        Some(true) => clauses.push("s.quarantine_cause IS NOT NULL".to_owned()),
+        Some(false) => clauses.push("s.quarantine_cause IS NULL".to_owned()),
+        None => {}
+    }
+    if let Some(behind) = query.behind {
+        let p = param(Box::new(behind));
+        clauses.push(format!("s.schema IS NOT NULL AND s.version < {p}"));
+    }
+    if let Some(after) = query.after {
+        let p = param(Box::new(after.key().to_owned()));
+        clauses.push(format!("s.tenant > {p}"));
+    }
+    let limit = param(Box::new(query.limit));
+    let clause = if clauses.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", clauses.join(" AND "))
+    };
+    (format!("{clause} ORDER BY s.tenant LIMIT {limit}"), params)
+}
+
+/// A page of lease rows, by tenant key, read with [`lease_row`]. The driver's error is
+/// returned as is: the caller says what it was doing.
 pub(crate) async fn lease_rows(
+    client: &impl GenericClient,
+    filter: &LeaseFilter<'_>,
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+    let (clause, params) = filters(filter);
+    let params: Vec<&(dyn ToSql + Sync)> = params
+        .iter()
+        .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    query_lease_rows(client, &clause, &params).await
+}
+
+/// One tenant's lease row (none when the control plane has never seen it), read with
+/// [`lease_row`]. The driver's error is returned as is, as by [`lease_rows`].
+pub(crate) async fn lease_rows_of(
+    client: &impl GenericClient,
+    id: &TenantId,
+) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+    query_lease_rows(client, " WHERE s.tenant = $1", &[&id.key()]).await
+}
+
+/// The lease rows that `clause` (a WHERE, ORDER BY and LIMIT over `s`, whose parameters are
+/// `params`) selects. On lease_rows, and once more on [`V10_SOURCE`] or [`LEGACY_SOURCE`] when
+/// the database's control plane predates it (an operator tool newer than the database it
+/// reads, during an upgrade).
+async fn query_lease_rows(
     client: &impl GenericClient,
     clause: &str,
     params: &[&(dyn ToSql + Sync)],
