@@ -5,6 +5,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 use tracing::{info, instrument};
 
+use crate::db;
 use crate::error::{Error, Result};
 use crate::migrate::InTransaction;
 
@@ -14,16 +15,6 @@ mod embedded {
 
 /// The schema that holds pgtenant's own tables and views.
 pub const CONTROL_SCHEMA: &str = "pgtenant";
-
-/// Where refinery records the control plane's applied migrations.
-const HISTORY_TABLE: &str = "pgtenant.refinery_schema_history";
-
-/// Second key of the advisory lock that serialises control-plane setups. Replica liveness locks
-/// use keys from 1 up (`pgtenant.replicas.lock_key`), so 0 is free for this.
-const SETUP_LOCK_KEY: i32 = 0;
-
-/// First key of every pgtenant advisory lock (`pgtenant.lock_namespace()`): "pgt1".
-pub(crate) const LOCK_NAMESPACE: i32 = 0x7067_7431;
 
 /// What [`setup`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -92,16 +83,7 @@ pub async fn setup_with(client: &mut Client, options: &SetupOptions) -> Result<S
         }
     }
     if let Some(app) = &options.app_role {
-        let able: bool = client
-            .query_one(
-                "SELECT rolsuper OR pg_has_role(current_user, $1::text::name, 'MEMBER')
-                   FROM pg_roles WHERE rolname = current_user",
-                &[app],
-            )
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(Error::db("check the control plane's owner"))?;
-        if !able {
+        if !db::setup::owner_can_act_as(client, app).await? {
             return Err(Error::InvalidOption {
                 option: "app_role",
                 reason: format!(
@@ -115,15 +97,7 @@ pub async fn setup_with(client: &mut Client, options: &SetupOptions) -> Result<S
 }
 
 async fn check_role(client: &Client, option: &'static str, role: &str) -> Result<()> {
-    let exists: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
-            &[&role],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("look up a role"))?;
-    if exists {
+    if db::setup::role_exists(client, role).await? {
         return Ok(());
     }
     Err(Error::InvalidOption {
@@ -159,16 +133,10 @@ pub async fn setup(client: &mut Client) -> Result<SetupReport> {
 }
 
 async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Result<SetupReport> {
-    let transaction = crate::db::begin_read_write(client)
+    let transaction = db::begin_read_write(client)
         .await
         .map_err(Error::db("begin control-plane setup"))?;
-    transaction
-        .execute(
-            "SELECT pg_advisory_xact_lock($1, $2)",
-            &[&LOCK_NAMESPACE, &SETUP_LOCK_KEY],
-        )
-        .await
-        .map_err(Error::db("take the control-plane setup lock"))?;
+    db::setup::setup_lock(&transaction).await?;
     // On Citus the control plane stays a local schema on the coordinator (see citus.rs).
     if crate::citus::present(&transaction).await? {
         crate::citus::localize_control_plane(&transaction).await?;
@@ -180,17 +148,14 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
             ))?;
     }
     // Checked under the lock, so a newer library cannot upgrade the schema in between.
-    let found = read_version(&transaction).await?;
+    let found = db::setup::read_version(&transaction).await?;
     let supported = supported_version();
     if found > supported {
         return Err(Error::ControlPlaneTooNew { found, supported });
     }
-    transaction
-        .batch_execute("CREATE SCHEMA IF NOT EXISTS pgtenant")
-        .await
-        .map_err(Error::db("create schema pgtenant"))?;
+    db::setup::create_schema(&transaction).await?;
     let mut runner = embedded::migrations::runner();
-    runner.set_migration_table_name(HISTORY_TABLE);
+    runner.set_migration_table_name(db::setup::HISTORY_TABLE);
     let report = runner
         .set_abort_divergent(true)
         .set_abort_missing(true)
@@ -198,24 +163,15 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
         .await
         .map_err(Error::Migration)?;
     if let Some(roles) = roles {
-        transaction
-            .execute(
-                "SELECT pgtenant.grant_roles($1::text::name, $2::text::name)",
-                &[&roles.app_role, &roles.operator_role],
-            )
-            .await
-            .map_err(Error::db("grant the application and operator roles"))?;
+        db::setup::grant_roles(
+            &transaction,
+            roles.app_role.as_deref(),
+            roles.operator_role.as_deref(),
+        )
+        .await?;
         if let Some(app) = &roles.app_role {
             // A GRANT its grantor may not give is only a warning: check it took effect.
-            let can_create: bool = transaction
-                .query_one(
-                    "SELECT has_database_privilege($1::text, current_database(), 'CREATE')",
-                    &[app],
-                )
-                .await
-                .and_then(|row| row.try_get(0))
-                .map_err(Error::db("check the application role's grants"))?;
-            if !can_create {
+            if !db::setup::has_database_privilege(&transaction, app).await? {
                 return Err(Error::InvalidOption {
                     option: "app_role",
                     reason: format!(
@@ -279,12 +235,12 @@ pub async fn setup_url(url: &str) -> Result<SetupReport> {
 
 /// The control plane's version in this database: 0 when it has none.
 pub async fn control_plane_version(client: &Client) -> Result<i64> {
-    read_version(client).await
+    db::setup::read_version(client).await
 }
 
 /// Refuses to work on a database whose control plane is not exactly this library's.
 pub(crate) async fn ensure_current(client: &Client) -> Result<()> {
-    let found = read_version(client).await?;
+    let found = db::setup::read_version(client).await?;
     let supported = supported_version();
     if found > supported {
         return Err(Error::ControlPlaneTooNew { found, supported });
@@ -296,25 +252,4 @@ pub(crate) async fn ensure_current(client: &Client) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// The control plane's version on any client (a transaction too): 0 when it has none.
-pub(crate) async fn read_version(client: &impl tokio_postgres::GenericClient) -> Result<i64> {
-    let context = "read the control-plane version";
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&HISTORY_TABLE])
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(context))?;
-    if !exists {
-        return Ok(0);
-    }
-    client
-        .query_one(
-            "SELECT coalesce(max(version), 0)::bigint FROM pgtenant.refinery_schema_history",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db(context))
 }

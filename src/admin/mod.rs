@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tokio_postgres::GenericClient;
 
+use crate::db;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::{Epoch, TenantState};
@@ -95,52 +96,6 @@ pub struct TenantRecord {
     pub acquired_at: Option<String>,
 }
 
-/// The columns of a [`TenantRecord`], from `s`: `pgtenant.lease_rows` (control plane 13 on),
-/// or [`V10_SOURCE`] or [`LEGACY_SOURCE`] on an older control plane.
-const RECORD_COLUMNS: &str =
-    "SELECT s.tenant, s.state, s.owner, s.epoch, s.owner_alive, s.schema, s.version,
-        s.forgotten_at_epoch, s.quarantine_cause, s.quarantine_repair,
-        to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-        to_char(s.acquired_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-        s.owner_incarnation, (extract(epoch FROM s.expires_in) * 1000)::bigint";
-
-/// `lease_rows` is `lease_status` unordered. Reading the ordered view instead costs a sort of
-/// every tenant before the first row: a page of 100 took 124 ms at 100 000 tenants through
-/// lease_status joined to tenants, 1.4 ms through lease_rows (V10, docs/scale.md).
-const SOURCE: &str = "pgtenant.lease_rows s";
-
-/// What [`SOURCE`] is on control planes 10 to 12, whose lease_rows has no owner_incarnation.
-const V10_SOURCE: &str = "(SELECT l.*, t.owner_incarnation FROM pgtenant.lease_rows l
-                           JOIN pgtenant.tenants t ON t.key = l.tenant) s";
-
-/// What [`SOURCE`] is on a control plane older than version 10, which has no lease_rows: the
-/// same columns, as slow as they were.
-const LEGACY_SOURCE: &str =
-    "(SELECT l.*, t.forgotten_at_epoch, t.owner_incarnation FROM pgtenant.lease_status l
-       JOIN pgtenant.tenants t ON t.key = l.tenant) s";
-
-/// The control-plane version that brought `lease_rows` and `fleet_status`.
-const LEASE_ROWS_VERSION: i64 = 10;
-
-/// Runs `sql(source)` on lease_rows, and once more on [`V10_SOURCE`] or [`LEGACY_SOURCE`]
-/// when the database's control plane predates it (an operator tool newer than the database it
-/// reads, during an upgrade).
-async fn query_records(
-    client: &impl GenericClient,
-    sql: impl Fn(&str) -> String,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> std::result::Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    match client.query(&sql(SOURCE), params).await {
-        Err(error) if crate::sqlstate::of(&error) == Some(crate::sqlstate::UNDEFINED_COLUMN) => {
-            client.query(&sql(V10_SOURCE), params).await
-        }
-        Err(error) if crate::sqlstate::of(&error) == Some(crate::sqlstate::UNDEFINED_TABLE) => {
-            client.query(&sql(LEGACY_SOURCE), params).await
-        }
-        other => other,
-    }
-}
-
 /// A state as `lease_status` says it, also on a control plane older than 13, whose `expired`
 /// covered both [`TenantState::OwnerGone`] and [`TenantState::OwnerReregistered`] and is read
 /// as the first.
@@ -151,103 +106,25 @@ fn state_of(text: &str) -> Result<TenantState> {
     }
 }
 
+/// A [`TenantRecord`] from one of `db::admin::lease_rows`'s (or `lease_rows_of`'s) rows.
 fn record(row: &tokio_postgres::Row) -> Result<TenantRecord> {
-    let read = Error::db("read a tenant record");
-    let key: String = row.try_get(0).map_err(Error::db("read a tenant record"))?;
-    let state: String = row.try_get(1).map_err(Error::db("read a tenant record"))?;
-    let fields = (|| {
-        Ok::<_, tokio_postgres::Error>((
-            row.try_get(2)?,
-            row.try_get::<_, i64>(3)?,
-            row.try_get(4)?,
-            row.try_get(5)?,
-            row.try_get(6)?,
-            row.try_get(7)?,
-            row.try_get(8)?,
-            row.try_get(9)?,
-            row.try_get(10)?,
-            row.try_get(11)?,
-            row.try_get(12)?,
-            row.try_get(13)?,
-        ))
-    })()
-    .map_err(read)?;
+    let row = db::admin::lease_row(row)?;
     Ok(TenantRecord {
-        tenant: TenantId::parse(&key)?,
-        state: state_of(&state)?,
-        owner: fields.0,
-        epoch: Epoch::new(fields.1),
-        owner_alive: fields.2,
-        owner_incarnation: fields.10,
-        expires_in_ms: fields.11,
-        schema: fields.3,
-        version: fields.4,
-        forgotten_at_epoch: fields.5,
-        quarantine_cause: fields.6,
-        quarantine_repair: fields.7,
-        created_at: fields.8,
-        acquired_at: fields.9,
+        tenant: TenantId::parse(&row.tenant)?,
+        state: state_of(&row.state)?,
+        owner: row.owner,
+        epoch: row.epoch,
+        owner_alive: row.owner_alive,
+        owner_incarnation: row.owner_incarnation,
+        expires_in_ms: row.expires_in_ms,
+        schema: row.schema,
+        version: row.version,
+        forgotten_at_epoch: row.forgotten_at_epoch,
+        quarantine_cause: row.quarantine_cause,
+        quarantine_repair: row.quarantine_repair,
+        created_at: row.created_at,
+        acquired_at: row.acquired_at,
     })
-}
-
-/// The WHERE clause of [`list_tenants`]: only the filters given, each written so that an index
-/// can serve it (a filter written `($1 IS NULL OR …)` hides it from the planner), and each
-/// state also by the columns that decide it, so a rare state is found through its partial
-/// index instead of a walk over every tenant. Returns the clause and the parameters' values.
-fn filters(
-    query: &TenantQuery,
-) -> (
-    String,
-    Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>,
-) {
-    let mut clauses: Vec<String> = Vec::new();
-    let mut params: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = Vec::new();
-    let mut param = |value: Box<dyn tokio_postgres::types::ToSql + Sync + Send>| {
-        params.push(value);
-        format!("${}", params.len())
-    };
-    if let Some(owner) = &query.owner {
-        let p = param(Box::new(owner.clone()));
-        clauses.push(format!("s.owner = {p}"));
-    }
-    if let Some(state) = query.state {
-        let p = param(Box::new(state.as_str().to_owned()));
-        clauses.push(format!("s.state = {p}"));
-        // The columns each state implies (pgtenant.lease_rows' CASE), for the indexes.
-        clauses.push(
-            match state {
-                TenantState::Forgotten => "s.schema IS NULL",
-                TenantState::Quarantined => "s.quarantine_cause IS NOT NULL",
-                TenantState::Free | TenantState::Reserved => "s.owner IS NULL",
-                TenantState::Held
-                | TenantState::Stalled
-                | TenantState::OwnerGone
-                | TenantState::OwnerReregistered => "s.owner IS NOT NULL",
-                TenantState::Absent => "false",
-            }
-            .to_owned(),
-        );
-    }
-    match query.quarantined {
-        Some(true) => clauses.push("s.quarantine_cause IS NOT NULL".to_owned()),
-        Some(false) => clauses.push("s.quarantine_cause IS NULL".to_owned()),
-        None => {}
-    }
-    if let Some(behind) = query.behind {
-        let p = param(Box::new(behind));
-        clauses.push(format!("s.schema IS NOT NULL AND s.version < {p}"));
-    }
-    if let Some(after) = &query.after {
-        let p = param(Box::new(after.key().to_owned()));
-        clauses.push(format!("s.tenant > {p}"));
-    }
-    let limit = param(Box::new(query.limit));
-    let clause = if clauses.is_empty() {
-        String::new()
-    } else {
-        format!(" WHERE {}", clauses.join(" AND "))
-    };
-    (format!("{clause} ORDER BY s.tenant LIMIT {limit}"), params)
 }
 
 /// A page of tenants, by key. Invalid filters are refused before any query.
@@ -256,18 +133,17 @@ pub async fn list_tenants(
     query: &TenantQuery,
 ) -> Result<Vec<TenantRecord>> {
     query.validate()?;
-    let (clause, params) = filters(query);
-    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-        .iter()
-        .map(|p| p.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-        .collect();
-    let rows = query_records(
-        client,
-        |source| format!("{RECORD_COLUMNS} FROM {source}{clause}"),
-        &params,
-    )
-    .await
-    .map_err(Error::db("list tenants"))?;
+    let filter = db::admin::LeaseFilter {
+        owner: query.owner.as_ref(),
+        state: query.state,
+        quarantined: query.quarantined,
+        behind: query.behind,
+        after: query.after.as_ref(),
+        limit: query.limit,
+    };
+    let rows = db::admin::lease_rows(client, &filter)
+        .await
+        .map_err(Error::db("list tenants"))?;
     rows.iter().map(record).collect()
 }
 
@@ -276,13 +152,9 @@ pub async fn show_tenant(
     client: &impl GenericClient,
     id: &TenantId,
 ) -> Result<Option<TenantRecord>> {
-    let rows = query_records(
-        client,
-        |source| format!("{RECORD_COLUMNS} FROM {source} WHERE s.tenant = $1"),
-        &[&id.key()],
-    )
-    .await
-    .map_err(Error::db_with(|| format!("show tenant {id}")))?;
+    let rows = db::admin::lease_rows_of(client, id)
+        .await
+        .map_err(Error::db_with(|| format!("show tenant {id}")))?;
     rows.first().map(record).transpose()
 }
 
@@ -311,31 +183,18 @@ pub struct TrashRecord {
 
 /// Everything in the trash, newest first.
 pub async fn list_trash(client: &impl GenericClient) -> Result<Vec<TrashRecord>> {
-    let rows = client
-        .query(
-            // sweep_started_at through the row's JSON: NULL on a control plane before 12,
-            // which has no such column.
-            "SELECT t.schema_name, t.tenant_key, t.epoch, t.live_name, t.schema_version,
-                    to_char(t.trashed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-                    to_char(t.swept_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-                    to_char((to_jsonb(t) ->> 'sweep_started_at')::timestamptz AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-               FROM pgtenant.trash t ORDER BY t.trashed_at DESC, t.schema_name",
-            &[],
-        )
-        .await
-        .map_err(Error::db("list the trash"))?;
-    Ok(rows
-        .iter()
+    Ok(db::admin::trash(client)
+        .await?
+        .into_iter()
         .map(|row| TrashRecord {
-            schema: row.get(0),
-            tenant: row.get(1),
-            epoch: Epoch::new(row.get(2)),
-            live_name: row.get(3),
-            version: row.get(4),
-            trashed_at: row.get(5),
-            sweep_started_at: row.get(7),
-            swept_at: row.get(6),
+            schema: row.schema,
+            tenant: row.tenant,
+            epoch: row.epoch,
+            live_name: row.live_name,
+            version: row.version,
+            trashed_at: row.trashed_at,
+            sweep_started_at: row.sweep_started_at,
+            swept_at: row.swept_at,
         })
         .collect())
 }
@@ -347,16 +206,7 @@ pub async fn clear_quarantine(
     id: &TenantId,
     by: &str,
 ) -> Result<bool> {
-    client
-        .query_one(
-            "SELECT pgtenant.clear_quarantine($1, $2)",
-            &[&id.key(), &by],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db_with(|| {
-            format!("clear the quarantine of tenant {id}")
-        }))
+    db::admin::clear_quarantine(client, id, by).await
 }
 
 /// The fleet at a glance, from `pgtenant.fleet_status_rows` (control plane 10 on): one query,
@@ -400,26 +250,6 @@ impl FleetStatus {
     }
 }
 
-/// The columns of a [`FleetStatus`], in its order, of the relation `alias`: the owner states
-/// as `owners` says (the states' columns of control plane 13, or its older `expired`).
-fn fleet_columns(alias: &str, owners: &str) -> String {
-    let a = alias;
-    format!(
-        "{a}.tenants, {a}.live, {a}.held, {a}.stalled, {owners}, {a}.free, {a}.reserved,
-         {a}.quarantined, {a}.forgotten, {a}.newest_version, {a}.behind, {a}.versions::text,
-         {a}.trashed, {a}.trash_due, {}, {a}.replicas, {a}.replicas_alive",
-        utc(&format!("{a}.oldest_trashed_at"))
-    )
-}
-
-/// The owner states' columns of `fleet_status_rows` (control plane 13 on).
-const OWNER_STATES: &str = "f.owner_gone, f.owner_reregistered";
-/// The same before control plane 13: one `expired` for both.
-const OWNER_STATES_BEFORE_13: &str = "f.expired, 0::bigint";
-/// The same from `status_report`'s JSON, whichever version wrote it.
-const OWNER_STATES_JSON: &str =
-    "coalesce(f.owner_gone, f.expired), coalesce(f.owner_reregistered, 0)";
-
 /// The fleet in one query ([`FleetStatus`]); `retention` is the sweep's (what counts as due).
 ///
 /// # Errors
@@ -429,47 +259,13 @@ pub async fn fleet_status(
     client: &impl GenericClient,
     retention: std::time::Duration,
 ) -> Result<FleetStatus> {
-    let sql = |owners| {
-        format!(
-            "SELECT {} FROM pgtenant.fleet_status_rows($1) f",
-            fleet_columns("f", owners)
-        )
-    };
-    let row = match query_v10(
-        client,
-        &sql(OWNER_STATES),
-        retention,
-        "read pgtenant.fleet_status",
-    )
-    .await
-    {
-        Err(Error::Database { source, .. })
-            if crate::sqlstate::of(&source) == Some(crate::sqlstate::UNDEFINED_COLUMN) =>
-        {
-            query_v10(
-                client,
-                &sql(OWNER_STATES_BEFORE_13),
-                retention,
-                "read pgtenant.fleet_status",
-            )
-            .await?
-        }
-        other => other?,
-    };
-    fleet_from(&row)
+    fleet_from(db::admin::fleet_status_rows(client, retention).await?)
 }
 
-/// A [`FleetStatus`] from the first [`fleet_columns`] of `row`.
-fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
-    let read = || Error::db("read pgtenant.fleet_status");
-    let get_i64 = |i: usize| row.try_get::<_, i64>(i).map_err(read());
-    let mut states = BTreeMap::new();
-    for (i, state) in TenantState::ALL.iter().enumerate() {
-        states.insert(state.as_str().to_owned(), get_i64(2 + i)?);
-    }
-    let versions_text: String = row.try_get(12).map_err(read())?;
+/// A [`FleetStatus`] from its row, the versions' JSON parsed.
+fn fleet_from(row: db::admin::FleetRow) -> Result<FleetStatus> {
     let by_text: BTreeMap<String, i64> =
-        serde_json::from_str(&versions_text).map_err(|error| Error::UnexpectedReply {
+        serde_json::from_str(&row.versions_json).map_err(|error| Error::UnexpectedReply {
             context: "read pgtenant.fleet_status".to_owned(),
             detail: format!("versions is not a JSON object of counts: {error}"),
         })?;
@@ -486,17 +282,17 @@ fn fleet_from(row: &tokio_postgres::Row) -> Result<FleetStatus> {
         versions.insert(version, count);
     }
     Ok(FleetStatus {
-        tenants: get_i64(0)?,
-        live: get_i64(1)?,
-        states,
-        newest_version: row.try_get(10).map_err(read())?,
-        behind: get_i64(11)?,
+        tenants: row.tenants,
+        live: row.live,
+        states: row.states,
+        newest_version: row.newest_version,
+        behind: row.behind,
         versions,
-        trashed: get_i64(13)?,
-        trash_due: get_i64(14)?,
-        oldest_trashed_at: row.try_get(15).map_err(read())?,
-        replicas: get_i64(16)?,
-        replicas_alive: get_i64(17)?,
+        trashed: row.trashed,
+        trash_due: row.trash_due,
+        oldest_trashed_at: row.oldest_trashed_at,
+        replicas: row.replicas,
+        replicas_alive: row.replicas_alive,
     })
 }
 
@@ -557,56 +353,14 @@ pub async fn status_report(
     client: &impl GenericClient,
     retention: std::time::Duration,
 ) -> Result<StatusReport> {
-    let row = query_v10(
-        client,
-        &format!(
-            "SELECT {fleet},
-                    (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                        'replica_id', x.replica_id, 'alive', coalesce(x.alive, false),
-                        'lock_held', coalesce(x.lock_held, false), 'incarnation', x.incarnation,
-                        'tenants_held', x.tenants_held,
-                        'expires_in_ms', (extract(epoch FROM x.expires_in) * 1000)::bigint,
-                        'backend_pid', x.backend_pid, 'host', x.host,
-                        'started_at', {started}, 'released_at', {released},
-                        'sessions', x.sessions, 'sealed_at', {sealed}, 'state', x.state)
-                        ORDER BY x.replica_id), '[]'::jsonb)
-                       FROM jsonb_to_recordset(s.replicas) AS x(
-                            replica_id text, alive boolean, lock_held boolean, incarnation bigint,
-                            tenants_held bigint, expires_in interval, backend_pid integer,
-                            host text, started_at timestamptz, released_at timestamptz,
-                            sessions bigint, sealed_at timestamptz, state text))::text
-               FROM pgtenant.status_report($1) s,
-                    jsonb_to_record(s.fleet) AS f(
-                        tenants bigint, live bigint, held bigint, stalled bigint,
-                        owner_gone bigint, owner_reregistered bigint, expired bigint,
-                        free bigint, reserved bigint, quarantined bigint, forgotten bigint,
-                        newest_version integer, behind bigint, versions jsonb, trashed bigint,
-                        trash_due bigint, oldest_trashed_at timestamptz, replicas bigint,
-                        replicas_alive bigint)",
-            fleet = fleet_columns("f", OWNER_STATES_JSON),
-            started = utc("x.started_at"),
-            released = utc("x.released_at"),
-            sealed = utc("x.sealed_at"),
-        ),
-        retention,
-        "read pgtenant.status_report",
-    )
-    .await?;
-    let fleet = fleet_from(&row)?;
-    let replicas_text: String = row
-        .try_get(18)
-        .map_err(Error::db("read pgtenant.status_report"))?;
+    let (fleet, replicas_text) = db::admin::status_report(client, retention).await?;
+    let fleet = fleet_from(fleet)?;
     let replicas =
         serde_json::from_str(&replicas_text).map_err(|error| Error::UnexpectedReply {
             context: "read pgtenant.status_report".to_owned(),
             detail: format!("its replicas are not replica_status rows: {error}"),
         })?;
     Ok(StatusReport { fleet, replicas })
-}
-
-/// `column` (a timestamptz) as RFC 3339 in UTC, as every record here has it.
-fn utc(column: &str) -> String {
-    format!("to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
 }
 
 /// What the next [`sweep`] would do, from `pgtenant.sweep_backlog_rows` (control plane 10 on):
@@ -635,51 +389,11 @@ pub async fn sweep_backlog(
     client: &impl GenericClient,
     retention: std::time::Duration,
 ) -> Result<SweepBacklog> {
-    let row = query_v10(
-        client,
-        "SELECT trash_due, trash_kept,
-                to_char(oldest_due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
-                orphan_schemas
-           FROM pgtenant.sweep_backlog_rows($1)",
-        retention,
-        "read pgtenant.sweep_backlog",
-    )
-    .await?;
-    let read = || Error::db("read pgtenant.sweep_backlog");
+    let row = db::admin::sweep_backlog_rows(client, retention).await?;
     Ok(SweepBacklog {
-        trash_due: row.try_get(0).map_err(read())?,
-        trash_kept: row.try_get(1).map_err(read())?,
-        oldest_due_at: row.try_get(2).map_err(read())?,
-        orphan_schemas: row.try_get(3).map_err(read())?,
+        trash_due: row.trash_due,
+        trash_kept: row.trash_kept,
+        oldest_due_at: row.oldest_due_at,
+        orphan_schemas: row.orphan_schemas,
     })
-}
-
-/// One row of a function control plane 10 brought, called with a retention in milliseconds;
-/// on an older control plane, [`Error::ControlPlaneOutdated`].
-async fn query_v10(
-    client: &impl GenericClient,
-    sql: &str,
-    retention: std::time::Duration,
-    context: &'static str,
-) -> Result<tokio_postgres::Row> {
-    let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    match client.query_one(sql, &[&retention_ms]).await {
-        Ok(row) => Ok(row),
-        Err(error)
-            if matches!(
-                crate::sqlstate::of(&error),
-                Some(
-                    crate::sqlstate::UNDEFINED_FUNCTION
-                        | crate::sqlstate::UNDEFINED_TABLE
-                        | crate::sqlstate::INVALID_SCHEMA_NAME
-                )
-            ) =>
-        {
-            Err(Error::ControlPlaneOutdated {
-                found: crate::control_plane::read_version(client).await?,
-                needed: LEASE_ROWS_VERSION,
-            })
-        }
-        Err(error) => Err(Error::db(context)(error)),
-    }
 }

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::watch;
-use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 
@@ -20,29 +19,20 @@ use crate::protocol::replica_start::{begin_incarnation, LeaseSession};
 use crate::state::shared::{RegistrationFailure, Shared};
 use crate::sync::lock;
 
-/// One heartbeat (`pgtenant.heartbeat`, V3): true when renewed, false when the incarnation
-/// expired or was replaced.
-const HEARTBEAT_SQL: &str = "SELECT pgtenant.heartbeat($1, $2, $3, $4)";
-
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.
 async fn heartbeat(
     client: &Client,
     credentials: &Credentials,
     options: &RouterOptions,
 ) -> Result<Option<()>> {
-    let renewed: bool = client
-        .query_typed_one(
-            HEARTBEAT_SQL,
-            &[
-                (&credentials.replica, Type::TEXT),
-                (&credentials.incarnation.get(), Type::INT8),
-                (&credentials.secret(), Type::TEXT),
-                (&millis(options.ttl), Type::INT4),
-            ],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("heartbeat"))?;
+    let renewed = crate::db::replicas::heartbeat(
+        client,
+        &credentials.replica,
+        credentials.incarnation,
+        credentials.secret(),
+        millis(options.ttl),
+    )
+    .await?;
     Ok(renewed.then_some(()))
 }
 

@@ -13,13 +13,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot};
-use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Client};
 use tracing::info;
 
 use crate::connect::Connector;
-use crate::control_plane::LOCK_NAMESPACE;
 use crate::credentials::{millis, Credentials};
+use crate::db;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::lease::Incarnation;
@@ -138,7 +137,7 @@ impl LeaseSession {
             ended,
             credentials: Credentials::new(
                 options.replica_id.clone(),
-                Incarnation::new(incarnation),
+                incarnation,
                 {
                     static NEXT: AtomicU64 = AtomicU64::new(1);
                     NEXT.fetch_add(1, Ordering::Relaxed)
@@ -157,18 +156,13 @@ impl LeaseSession {
     /// then may its data sessions bind, and takeovers of its tenants seal it first.
     pub(crate) async fn declare_session_fencing(&self) -> Result<()> {
         let credentials = &self.credentials;
-        self.client
-            .query_typed(
-                "SELECT pgtenant.declare_session_fencing($1, $2, $3)",
-                &[
-                    (&credentials.replica, Type::TEXT),
-                    (&credentials.incarnation.get(), Type::INT8),
-                    (&credentials.secret(), Type::TEXT),
-                ],
-            )
-            .await
-            .map(drop)
-            .map_err(Error::db("declare session fencing"))
+        db::replicas::declare_session_fencing(
+            &self.client,
+            &credentials.replica,
+            credentials.incarnation,
+            credentials.secret(),
+        )
+        .await
     }
 
     /// Ends the incarnation (`pgtenant.deregister`: marked released so no one waits for its
@@ -177,24 +171,17 @@ impl LeaseSession {
     /// the disconnect), then ends the session.
     pub(crate) async fn deregister(self) {
         let credentials = &self.credentials;
-        let result = self
-            .client
-            .query_typed(
-                "SELECT pgtenant.deregister($1, $2, $3)",
-                &[
-                    (&credentials.replica, Type::TEXT),
-                    (&credentials.incarnation.get(), Type::INT8),
-                    (&credentials.secret(), Type::TEXT),
-                ],
-            )
-            .await;
+        let result = db::replicas::deregister(
+            &self.client,
+            &credentials.replica,
+            credentials.incarnation,
+            credentials.secret(),
+        )
+        .await;
         if let Err(error) = result {
-            tracing::warn!(error = %Error::db("deregister")(error), "deregistration failed; the lock goes with the session anyway");
+            tracing::warn!(%error, "deregistration failed; the lock goes with the session anyway");
         }
-        let _ = self
-            .client
-            .batch_execute("SELECT pg_advisory_unlock_all()")
-            .await;
+        db::replicas::advisory_unlock_all(&self.client).await;
     }
 }
 
@@ -205,7 +192,7 @@ async fn register(
     client: &Client,
     host: &tokio_postgres::Config,
     options: &RouterOptions,
-) -> Result<(i64, String, Instant)> {
+) -> Result<(Incarnation, String, Instant)> {
     // The server's end of the TCP bounds too (DESIGN G9), so the server drops a vanished or
     // partitioned client's session, and its liveness lock, within the bound whatever is in
     // flight to it. Keepalives alone are not enough: they are suspended while data waits for
@@ -231,23 +218,8 @@ async fn register(
     // fail on a prepared statement the pooler lost, hiding the real cause.
     probe_for_pooler(client, host, &options.connector).await?;
     crate::control_plane::ensure_current(client).await?;
-    let lock_key: i32 = client
-        .query_one(
-            "SELECT pgtenant.replica_lock_key($1)",
-            &[&options.replica_id],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("look up the replica's lock key"))?;
-    let locked: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock($1, $2)",
-            &[&LOCK_NAMESPACE, &lock_key],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("take the replica's liveness lock"))?;
-    if !locked {
+    let lock_key = db::replicas::replica_lock_key(client, &options.replica_id).await?;
+    if !db::replicas::try_liveness_lock(client, lock_key).await? {
         return Err(in_use(client, options.replica_id.as_str(), lock_key).await);
     }
     let registered_at = Instant::now();
@@ -255,21 +227,13 @@ async fn register(
         .host
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok());
-    let (incarnation, secret): (i64, String) = client
-        .query_one(
-            "SELECT incarnation, secret FROM pgtenant.register($1, $2, $3)",
-            &[&options.replica_id, &millis(options.ttl), &host],
-        )
-        .await
-        .and_then(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-        .map_err(|e| match e.code().map(|c| c.code()) {
-            Some("PTS01") => Error::NotASession(
-                e.as_db_error()
-                    .map(|db| format!("{} ({})", db.message(), db.hint().unwrap_or_default()))
-                    .unwrap_or_default(),
-            ),
-            _ => Error::db("register the replica")(e),
-        })?;
+    let (incarnation, secret) = db::replicas::register(
+        client,
+        &options.replica_id,
+        millis(options.ttl),
+        host.as_deref(),
+    )
+    .await?;
     Ok((incarnation, secret, registered_at))
 }
 
@@ -303,25 +267,12 @@ async fn probe_for_pooler(
 }
 
 async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
-    let holder = client
-        .query_opt(
-            "SELECT l.pid, a.backend_start::text, r.host
-               FROM pg_locks l
-               LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-               LEFT JOIN pgtenant.replica_status r ON r.replica_id = $3
-              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-                AND l.classid = $1::integer::oid AND l.objid = $2::integer::oid
-                AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-              LIMIT 1",
-            &[&LOCK_NAMESPACE, &lock_key, &replica_id],
-        )
-        .await;
-    match holder {
-        Ok(Some(row)) => Error::ReplicaIdInUse {
+    match db::replicas::liveness_lock_holder(client, replica_id, lock_key).await {
+        Ok(Some(holder)) => Error::ReplicaIdInUse {
             replica_id: ReplicaId::unchecked(replica_id),
-            holder_pid: row.get(0),
-            since: row.get(1),
-            host: row.get(2),
+            holder_pid: holder.pid,
+            since: holder.since,
+            host: holder.host,
         },
         Ok(None) => Error::ReplicaIdInUse {
             replica_id: ReplicaId::unchecked(replica_id),
@@ -329,7 +280,7 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
             since: None,
             host: None,
         },
-        Err(e) => Error::db("identify the replica id's holder")(e),
+        Err(error) => error,
     }
 }
 

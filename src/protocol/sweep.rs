@@ -8,8 +8,10 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_postgres::Client;
 
+use crate::db;
 use crate::error::{Error, Result};
 use crate::id::{TenantId, TRASH_PREFIX};
+use crate::lease::Epoch;
 use crate::sqlstate;
 
 /// How [`sweep`] works.
@@ -97,25 +99,17 @@ pub async fn sweep(
     let mut report = SweepReport::default();
     // Control plane 12 on, the sweep marks a trash row before its first drop, so a restore
     // is whole or refused; an older one has no mark (and its restore does not look for one).
-    let marks = crate::control_plane::read_version(&*client).await? >= MARKED_SWEEP_VERSION;
+    let marks = db::setup::read_version(&*client).await? >= MARKED_SWEEP_VERSION;
     let retention_ms = i64::try_from(options.retention.as_millis()).unwrap_or(i64::MAX);
-    let rows = client
-        .query(
-            "SELECT schema_name, tenant_key, epoch, live_name,
-                    trashed_at < now() - $1::bigint * interval '1 millisecond'
-               FROM pgtenant.trash WHERE swept_at IS NULL ORDER BY trashed_at",
-            &[&retention_ms],
-        )
-        .await
-        .map_err(Error::db("read the trash"))?;
+    let rows = db::sweep::unswept_trash(client, retention_ms).await?;
     let mut doomed: Vec<(String, String, bool)> = Vec::new();
     for row in rows {
-        let (schema, tenant): (String, String) = (row.get(0), row.get(1));
-        if !row.get::<_, bool>(4) {
+        let (schema, tenant) = (row.schema, row.tenant);
+        if !row.due {
             report.kept += 1;
             continue;
         }
-        match trash_row_is_derived(&schema, &tenant, row.get(2), &row.get::<_, String>(3)) {
+        match trash_row_is_derived(&schema, &tenant, row.epoch, &row.live_name) {
             Ok(()) => doomed.push((schema, tenant, false)),
             Err(reason) => report.refused.push((schema, reason)),
         }
@@ -149,15 +143,10 @@ pub async fn sweep(
     }
     let history_ms = i64::try_from(options.history_retention.as_millis()).unwrap_or(i64::MAX);
     let replicas_ms = i64::try_from(options.replica_retention.as_millis()).unwrap_or(i64::MAX);
-    let pruned = client
-        .query_one(
-            "SELECT history_pruned, replicas_pruned FROM pgtenant.prune($1, $2)",
-            &[&history_ms, &replicas_ms],
-        )
-        .await
-        .map_err(Error::db("prune the journal and ended replicas"))?;
-    report.history_pruned = u64::try_from(pruned.get::<_, i64>(0)).unwrap_or(0);
-    report.replicas_pruned = u64::try_from(pruned.get::<_, i64>(1)).unwrap_or(0);
+    let (history_pruned, replicas_pruned) =
+        db::sweep::prune(client, history_ms, replicas_ms).await?;
+    report.history_pruned = u64::try_from(history_pruned).unwrap_or(0);
+    report.replicas_pruned = u64::try_from(replicas_pruned).unwrap_or(0);
     Ok(report)
 }
 
@@ -202,20 +191,8 @@ fn life_epoch_of(name: &str) -> Option<i64> {
 /// the tenant-owner role (`pgtenant.config.app_role`, or the control plane's owner without
 /// one). None when it may go (or is already gone).
 async fn foreign_owner(client: &Client, schema: &str) -> Result<Option<String>> {
-    let row = client
-        .query_opt(
-            "SELECT n.nspowner = coalesce((SELECT r.oid FROM pg_roles r, pgtenant.config c
-                                            WHERE r.rolname = c.app_role),
-                                           (SELECT p.nspowner FROM pg_namespace p WHERE p.nspname = 'pgtenant')),
-                    pg_get_userbyid(n.nspowner)
-               FROM pg_namespace n WHERE n.nspname = $1",
-            &[&schema],
-        )
-        .await
-        .map_err(Error::db_with(|| format!("check the owner of schema {schema}")))?;
-    Ok(row.and_then(|row| {
-        let expected: Option<bool> = row.get(0);
-        let owner: String = row.get(1);
+    let row = db::sweep::schema_owner(client, schema).await?;
+    Ok(row.and_then(|(expected, owner)| {
         (expected != Some(true)).then(|| {
             format!("owned by {owner}, not by the tenant-owner role: pgtenant never made it")
         })
@@ -228,31 +205,14 @@ async fn masked_schemas(
     client: &Client,
     report: &mut SweepReport,
 ) -> Result<Vec<(String, String)>> {
-    let orphans = client
-        .query(
-            "SELECT n.nspname FROM pg_namespace n
-              WHERE n.nspname ~ '^t_[a-z0-9_]+_[0-9]+_[0-9a-f]{10}$'
-                AND NOT EXISTS (SELECT 1 FROM pgtenant.tenants t WHERE t.schema_name = n.nspname)
-              ORDER BY 1",
-            &[],
-        )
-        .await
-        .map_err(Error::db("find orphan schemas"))?;
+    let orphans = db::sweep::orphan_schemas(client).await?;
     let mut masked = Vec::new();
-    for row in orphans {
-        let schema: String = row.get(0);
+    for schema in orphans {
         let epoch = life_epoch_of(&schema).unwrap_or(i64::MAX);
         // The name is a hash of key and epoch: recompute it for each tenant forgotten at or
         // after that epoch; a match attributes the schema, nothing else does.
-        let candidates = client
-            .query(
-                "SELECT key FROM pgtenant.tenants WHERE forgotten_at_epoch >= $1",
-                &[&epoch],
-            )
-            .await
-            .map_err(Error::db("attribute an orphan schema"))?;
-        let owner = candidates.iter().find_map(|row| {
-            let key: String = row.get(0);
+        let candidates = db::sweep::forgotten_keys(client, Epoch::new(epoch)).await?;
+        let owner = candidates.into_iter().find_map(|key| {
             let id = TenantId::parse(&key).ok()?;
             let derived = id.derived_schema_names(epoch).any(|name| name == schema);
             derived.then_some(key)
@@ -263,29 +223,6 @@ async fn masked_schemas(
         }
     }
     Ok(masked)
-}
-
-/// A schema's tables, views, foreign tables and sequences, a batch at a time.
-///
-/// Found through `pg_depend` (each of them depends on its namespace, and pg_depend is indexed
-/// by what is depended on), never by `pg_class.relnamespace`, which no index leads with: with
-/// 100 000 tenant schemas pg_class holds about 2.7 million rows, and every batch of the sweep
-/// read them all (docs/scale.md has the measured times, old and new). TOAST tables and
-/// indexes have no such dependency and go with their tables, as before.
-const SCHEMA_OBJECTS_SQL: &str = "SELECT c.relname, c.relkind::text
-       FROM pg_depend d
-       JOIN pg_class c ON c.oid = d.objid
-      WHERE d.refclassid = 'pg_namespace'::regclass
-        AND d.refobjid = (SELECT n.oid FROM pg_namespace n WHERE n.nspname = $1)
-        AND d.refobjsubid = 0
-        AND d.classid = 'pg_class'::regclass
-        AND d.deptype = 'n'
-        AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
-      ORDER BY c.relispartition DESC, c.relkind = 'S', c.relname
-      LIMIT $2";
-
-fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// The control-plane version whose restore refuses a trash row the sweep has begun on
@@ -310,52 +247,23 @@ async fn drop_schema(
     let batch = i64::try_from(options.objects_per_transaction).unwrap_or(20);
     let mut dropped = 0;
     loop {
-        let tx = crate::db::begin_read_write(client)
+        let tx = db::begin_read_write(client)
             .await
             .map_err(Error::db_with(context))?;
-        tx.execute(
-            "SELECT set_config('lock_timeout', $1, true)",
-            &[&lock_timeout],
-        )
-        .await
-        .map_err(Error::db_with(context))?;
-        let live = tx
-            .query_opt(
-                "SELECT 1 FROM pgtenant.tenants WHERE schema_name = $1",
-                &[&schema],
-            )
-            .await
-            .map_err(Error::db_with(context))?;
-        if live.is_some() {
+        db::sweep::set_lock_timeout(&tx, schema, &lock_timeout).await?;
+        if db::sweep::schema_is_live(&tx, schema).await? {
             // Became live (restored) since it was listed: never touch it.
             return Ok(false);
         }
-        if mark {
-            let marked: bool = tx
-                .query_one("SELECT pgtenant.begin_sweep($1)", &[&schema])
-                .await
-                .and_then(|row| row.try_get(0))
-                .map_err(Error::db_with(context))?;
-            if !marked {
-                // Restored (or swept by another sweep) since it was listed.
-                return Ok(false);
-            }
+        // Restored (or swept by another sweep) since it was listed.
+        if mark && !db::sweep::begin_sweep(&tx, schema).await? {
+            return Ok(false);
         }
         // Partitions before their parents, so no single drop cascades over many relations.
-        let objects = tx
-            .query(SCHEMA_OBJECTS_SQL, &[&schema, &batch])
-            .await
-            .map_err(Error::db_with(context))?;
+        let objects = db::sweep::schema_objects(&tx, schema, batch).await?;
         if objects.is_empty() {
-            tx.batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {} CASCADE",
-                quote_ident(schema)
-            ))
-            .await
-            .map_err(Error::db_with(context))?;
-            tx.execute("SELECT pgtenant.record_swept($1, $2)", &[&schema, &tenant])
-                .await
-                .map_err(Error::db_with(context))?;
+            db::sweep::drop_schema(&tx, schema).await?;
+            db::sweep::record_swept(&tx, schema, tenant).await?;
             tx.commit().await.map_err(Error::db_with(context))?;
             // A schema with objects was reported after its last batch already.
             if dropped == 0 {
@@ -363,25 +271,7 @@ async fn drop_schema(
             }
             return Ok(true);
         }
-        let mut statements = String::new();
-        for row in &objects {
-            let (name, kind): (String, String) = (row.get(0), row.get(1));
-            let what = match kind.as_str() {
-                "v" => "VIEW",
-                "m" => "MATERIALIZED VIEW",
-                "f" => "FOREIGN TABLE",
-                "S" => "SEQUENCE",
-                _ => "TABLE",
-            };
-            statements.push_str(&format!(
-                "DROP {what} IF EXISTS {}.{} CASCADE;",
-                quote_ident(schema),
-                quote_ident(&name)
-            ));
-        }
-        tx.batch_execute(&statements)
-            .await
-            .map_err(Error::db_with(context))?;
+        db::sweep::drop_objects(&tx, schema, &objects).await?;
         tx.commit().await.map_err(Error::db_with(context))?;
         dropped += objects.len();
         progress(schema, dropped);

@@ -83,10 +83,5 @@ async fn blocker(pool: &Pool, probe: bool) -> Result<Option<String>> {
             )));
         }
     }
-    let row = first
-        .query_typed_one("SELECT pgtenant.can_terminate_sessions()", &[])
-        .await
-        .map_err(Error::db(CONTEXT))?;
-    row.try_get::<_, Option<String>>(0)
-        .map_err(Error::db(CONTEXT))
+    crate::db::replicas::can_terminate_sessions(&first).await
 }
