@@ -46,7 +46,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 13] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 14] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -98,6 +98,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 13] = [
     (
         "V13__first_day",
         include_str!("../../migrations/V13__first_day.sql"),
+    ),
+    (
+        "V14__one_fence",
+        include_str!("../../migrations/V14__one_fence.sql"),
     ),
 ];
 
