@@ -6,16 +6,15 @@
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::lease::{HandleState, Journal};
+use crate::lease::Journal;
 use crate::protocol::release::give_back;
+use crate::state::lifecycle::Step;
 use crate::state::shared::HandleInner;
 
 /// Releases at once, without waiting for work in flight; that work either commits before the
 /// next owner's acquisition (which waits for it) or fails.
 pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
-    if !(handle.transition(HandleState::Serving, HandleState::Released)
-        || handle.transition(HandleState::Draining, HandleState::Released))
-    {
+    if !handle.step(Step::Abandon) {
         return Ok(());
     }
     let router = &handle.router;

@@ -13,11 +13,12 @@ use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::{TenantId, SCHEMA_NAME_SALTS};
-use crate::lease::{Epoch, HandleState};
+use crate::lease::Epoch;
 use crate::protocol::acquire::install_handle;
 use crate::protocol::tenant_migrations::migrate_held;
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
+use crate::state::lifecycle::Step;
 use crate::state::shared::{Acquired, ActiveWork, HandleInner, Shared};
 
 /// How often `forget(ActiveWork::Cancel)` repeats its cancel requests while work remains.
@@ -28,14 +29,14 @@ const CANCEL_REPEAT: Duration = Duration::from_millis(50);
 /// and ends the lease.
 pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Result<String> {
     handle.admit()?;
-    if !handle.transition(HandleState::Serving, HandleState::Draining) {
+    if !handle.step(Step::Drain) {
         return Err(Error::Draining {
             tenant: handle.id.clone(),
         });
     }
     let in_flight = handle.in_flight();
     if active == ActiveWork::Refuse && in_flight > 0 {
-        handle.transition(HandleState::Draining, HandleState::Serving);
+        handle.step(Step::Resume);
         return Err(Error::Busy {
             tenant: handle.id.clone(),
             in_flight,
@@ -69,7 +70,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
         tokio::time::timeout(timeout, handle.wait_idle()).await
     };
     if drained.is_err() {
-        handle.transition(HandleState::Draining, HandleState::Serving);
+        handle.step(Step::Resume);
         return Err(Error::DrainTimeout {
             tenant: handle.id.clone(),
             in_flight: handle.in_flight(),
@@ -87,11 +88,11 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
         Ok(trash) => trash,
         Err(error) => {
             let error = handle.refused(error, "forget a tenant");
-            handle.transition(HandleState::Draining, HandleState::Serving);
+            handle.step(Step::Resume);
             return Err(error);
         }
     };
-    handle.transition(HandleState::Draining, HandleState::Forgotten);
+    handle.step(Step::Forget);
     router.detach(handle);
     info!(tenant = %handle.id, epoch = %handle.epoch, %trash, "forgotten");
     router.emit(Event::Forgotten {

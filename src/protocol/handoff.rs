@@ -21,6 +21,7 @@ use crate::options::HandoffPolicy;
 use crate::protocol::release::give_back;
 use crate::refusal::{self, Scope};
 use crate::replica_id::ReplicaId;
+use crate::state::lifecycle::Step;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
 use crate::state::shared::{HandleInner, Shared};
 use crate::sync::lock;
@@ -34,7 +35,7 @@ pub(crate) async fn hand_over_to(handle: &Arc<HandleInner>, replica: &ReplicaId)
 
 /// A handoff: refuse new work, drain within the drain timeout, release (reserved for `to`).
 pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&ReplicaId>) -> Result<()> {
-    if !handle.transition(HandleState::Serving, HandleState::Draining) {
+    if !handle.step(Step::Drain) {
         return Err(match handle.state() {
             HandleState::Draining => Error::Draining {
                 tenant: handle.id.clone(),
@@ -61,14 +62,14 @@ pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&ReplicaId>)
             in_flight,
         });
         // A failed drain leaves the tenant serving, unless the lease ended meanwhile.
-        handle.transition(HandleState::Draining, HandleState::Serving);
+        handle.step(Step::Resume);
         return Err(Error::DrainTimeout {
             tenant: handle.id.clone(),
             in_flight,
             timeout,
         });
     }
-    if !handle.transition(HandleState::Draining, HandleState::Released) {
+    if !handle.step(Step::HandOff) {
         return Err(handle.lease_lost("lost"));
     }
     give_back(handle, Journal::HandedOff, to).await

@@ -24,8 +24,9 @@ use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::id::TenantId;
-use crate::lease::{Epoch, HandleState, Journal};
+use crate::lease::{Epoch, Journal};
 use crate::replica_id::ReplicaId;
+use crate::state::lifecycle::Step;
 use crate::state::releases::{Request, Requests};
 use crate::state::shared::{HandleInner, Shared};
 
@@ -34,7 +35,7 @@ const MAX_BATCH: usize = 256;
 
 /// Stops taking new work, waits for the work in flight (however long), then releases.
 pub(crate) async fn release(handle: &Arc<HandleInner>) -> Result<()> {
-    if !handle.transition(HandleState::Serving, HandleState::Released) {
+    if !handle.step(Step::Release) {
         return Ok(());
     }
     handle.wait_idle().await;

@@ -5,6 +5,7 @@
 //! * `liveness.rs`: the current incarnation and its local deadline, read by every handle.
 //! * `shared.rs`: what a replica's router, handles and tasks share (`Shared`), and a handle's
 //!   state: serving, draining, ended, the work in flight and its cancel tokens (`HandleInner`).
+//! * `lifecycle.rs`: a held lease's states and steps, a plain state machine with its unit tests.
 //! * `bindings.rs`: session fencing's bookkeeping of bound connections.
 //! * `data_sessions.rs`: what the data path knows of each pooled connection.
 //! * `affinity.rs`: connections parked for the tenant they last served.
@@ -13,6 +14,7 @@
 pub(crate) mod affinity;
 pub(crate) mod bindings;
 pub(crate) mod data_sessions;
+pub(crate) mod lifecycle;
 pub(crate) mod liveness;
 pub(crate) mod releases;
 pub(crate) mod shared;

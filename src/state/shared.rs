@@ -27,6 +27,7 @@ use crate::schema_version::SchemaVersion;
 use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
 use crate::state::data_sessions::DataSessions;
+use crate::state::lifecycle::{self, Refusal, Step};
 use crate::state::liveness::{Liveness, Notice};
 use crate::state::releases::ReleaseQueue;
 use crate::sync::lock;
@@ -378,23 +379,20 @@ impl HandleInner {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    /// Moves `from` → `to`; false when the handle was not in `from`.
-    pub(crate) fn transition(&self, from: HandleState, to: HandleState) -> bool {
+    /// Applies `step` (`lifecycle.rs`); false when it does not apply in the current state.
+    pub(crate) fn step(&self, step: Step) -> bool {
         let moved = {
             let _gate = lock(&self.gate);
-            self.state
-                .compare_exchange(
-                    from.to_u8(),
-                    to.to_u8(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
+            let Some(to) = lifecycle::next(self.state(), step) else {
+                return false;
+            };
+            self.state.store(to.to_u8(), Ordering::Release);
+            to
         };
-        if moved && to.is_ended() {
+        if moved.is_ended() {
             self.ended.notify_waiters();
         }
-        moved
+        true
     }
 
     /// Waits until the tenure has ended, or `timeout`; true when it ended.
@@ -425,9 +423,7 @@ impl HandleInner {
 
     /// Ends the tenure for good, once; reports it.
     pub(crate) fn mark_lost(self: &Arc<Self>, reason: &str) {
-        if self.transition(HandleState::Serving, HandleState::Lost)
-            || self.transition(HandleState::Draining, HandleState::Lost)
-        {
+        if self.step(Step::Lose) {
             tracing::warn!(tenant = %self.id, epoch = %self.epoch, reason, "lease lost");
             crate::metrics::lease_lost();
             self.router.detach(self);
@@ -474,29 +470,16 @@ impl HandleInner {
     /// tenure meanwhile: it terminates the backends it finds registered, so work registered
     /// after it must stop here (the cancel registry's lock orders the two).
     pub(crate) fn still_admitted(&self) -> Result<()> {
-        match self.state() {
-            HandleState::Serving | HandleState::Draining => Ok(()),
-            HandleState::Released => Err(self.lease_lost("released")),
-            HandleState::Lost => Err(self.lease_lost("lost")),
-            HandleState::Forgotten => Err(self.lease_lost("forgotten")),
-        }
+        lifecycle::still_admitted(self.state()).map_err(|reason| self.lease_lost(reason))
     }
 
     fn admission(&self) -> std::result::Result<(), Refusal> {
-        match self.state() {
-            HandleState::Serving => {}
-            HandleState::Draining => return Err(Refusal::Draining),
-            HandleState::Released => return Err(Refusal::Ended("released")),
-            HandleState::Lost => return Err(Refusal::Ended("lost")),
-            HandleState::Forgotten => return Err(Refusal::Ended("forgotten")),
-        }
-        if self.router.liveness.incarnation() != Some(self.credentials.incarnation) {
-            return Err(Refusal::IncarnationGone);
-        }
-        if !self.router.liveness.within_deadline() {
-            return Err(Refusal::Expired);
-        }
-        Ok(())
+        let liveness = &self.router.liveness;
+        lifecycle::admission(
+            self.state(),
+            liveness.incarnation() == Some(self.credentials.incarnation),
+            liveness.within_deadline(),
+        )
     }
 
     /// Whether this handle's router is gone for good (dropped without `close()`).
@@ -560,14 +543,6 @@ impl HandleInner {
     pub(crate) fn lock_cancels(&self) -> MutexGuard<'_, Vec<(u64, CancelToken, Option<i32>)>> {
         lock(&self.cancels)
     }
-}
-
-/// Why work was not admitted.
-enum Refusal {
-    Draining,
-    Ended(&'static str),
-    IncarnationGone,
-    Expired,
 }
 
 /// Counts one unit of in-flight work; the count drops even when the work is cancelled.
