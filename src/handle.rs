@@ -1,6 +1,6 @@
 //! Tenant handles (DESIGN §1 "handle", §5 "Fenced transaction", "Handoff", "Abandon",
 //! "Forget"): the only way to a tenant's ledger, bound to one tenant and one epoch. A thin
-//! facade: the handle's state is `state/shared.rs` (`HandleInner`), and each public method
+//! facade: the handle's state is `state/replica.rs` (`HeldLease`), and each public method
 //! delegates to its protocol's file: `protocol/fenced_transaction.rs`, `protocol/handoff.rs`
 //! (release, handoff), `protocol/abandon.rs`, `protocol/forget.rs`. `handle/statements.rs`
 //! gives the work's transactions statement methods that return pgtenant's [`Error`].
@@ -12,10 +12,10 @@ use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
 use crate::protocol::fenced_transaction::{TenantConnection, Tx};
 use crate::replica_id::ReplicaId;
-use crate::state::shared::HandleInner;
+use crate::state::replica::HeldLease;
 use crate::sync::BoxFuture;
 
-pub use crate::state::shared::ActiveWork;
+pub use crate::state::replica::ActiveWork;
 
 mod statements;
 
@@ -26,7 +26,7 @@ mod statements;
 /// longer the tenant's, whatever clocks, pauses or networks do.
 #[derive(Clone)]
 pub struct TenantHandle {
-    inner: Arc<HandleInner>,
+    inner: Arc<HeldLease>,
 }
 
 impl std::fmt::Debug for TenantHandle {
@@ -41,7 +41,7 @@ impl std::fmt::Debug for TenantHandle {
 }
 
 impl TenantHandle {
-    pub(crate) fn from_inner(inner: Arc<HandleInner>) -> Self {
+    pub(crate) fn from_inner(inner: Arc<HeldLease>) -> Self {
         TenantHandle { inner }
     }
 

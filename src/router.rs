@@ -3,7 +3,7 @@
 //! `protocol/mod.rs`): `replica_start.rs` and `heartbeat.rs` (start), `open.rs` (open,
 //! open_or_create, wait_for), `handoff.rs` (request_handoff), `forget.rs` (restore),
 //! `migrate_all.rs`, `close.rs`. Status and summary read the shared
-//! state (`state/shared.rs`) and the control plane's views.
+//! state (`state/replica.rs`) and the control plane's views.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -25,7 +25,7 @@ use crate::protocol::heartbeat::maintain;
 use crate::protocol::tenant_migrations::TenantMigration;
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
-use crate::state::shared::Shared;
+use crate::state::replica::Replica;
 use crate::sync::lock;
 
 pub use crate::protocol::close::CloseReport;
@@ -59,7 +59,7 @@ pub struct Router {
 }
 
 struct RouterInner {
-    shared: Arc<Shared>,
+    shared: Arc<Replica>,
     maintenance: Mutex<Option<JoinHandle<()>>>,
     shutdown: watch::Sender<bool>,
     /// Notes whether this process runs, so that errors can say when it did not.
@@ -180,7 +180,7 @@ impl Router {
         })
     }
 
-    fn shared(&self) -> &Arc<Shared> {
+    fn shared(&self) -> &Arc<Replica> {
         &self.inner.shared
     }
 

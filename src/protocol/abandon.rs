@@ -9,21 +9,21 @@ use crate::error::Result;
 use crate::lease::Journal;
 use crate::protocol::release::give_back;
 use crate::state::lifecycle::Step;
-use crate::state::shared::HandleInner;
+use crate::state::replica::HeldLease;
 
 /// Releases at once, without waiting for work in flight; that work either commits before the
 /// next owner's acquisition (which waits for it) or fails.
-pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
+pub(crate) async fn abandon(handle: &Arc<HeldLease>) -> Result<()> {
     if !handle.step(Step::Abandon) {
         return Ok(());
     }
-    let router = &handle.router;
-    if router.session_fencing() {
+    let replica = &handle.replica;
+    if replica.session_fencing() {
         // No fence stops that work once the lease is released: it ends first (its transaction
         // rolls back). Work not yet on a backend finds the handle released and stops.
         let backends = handle.backends_in_flight();
         if let Err(error) = crate::protocol::session_fencing::terminate::terminate_work(
-            &router.pool,
+            &replica.pool,
             &handle.credentials,
             &backends,
         )
@@ -31,7 +31,7 @@ pub(crate) async fn abandon(handle: &Arc<HandleInner>) -> Result<()> {
         {
             // The lease stays held (and expires with the replica if it comes to that) rather
             // than be released under work that may still commit.
-            router.detach(handle);
+            replica.detach(handle);
             return Err(error);
         }
     }

@@ -24,7 +24,7 @@ use crate::protocol::release::give_back_unused;
 use crate::protocol::tenant_migrations::{after_failed_migration, migrate_held};
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
-use crate::state::shared::{Acquired, HandleInner, Shared};
+use crate::state::replica::{Acquired, HeldLease, Replica};
 use crate::sync::lock;
 
 /// The repair for a tenant whose schema vanished (`pgtenant.acquire` quarantines it itself).
@@ -35,7 +35,7 @@ const MISSING_SCHEMA_REPAIR: &str = "restore the schema from a backup, or forget
 const PREPARED_ROUNDS: usize = 2;
 
 /// The bounds of `pgtenant.acquire`'s waits, from the router's options.
-fn bounds(shared: &Shared) -> AcquireBounds {
+fn bounds(shared: &Replica) -> AcquireBounds {
     AcquireBounds {
         grace_ms: millis(shared.options.ttl),
         wait_ms: millis(shared.options.open_timeout),
@@ -106,10 +106,10 @@ fn scope<'a>(id: &'a TenantId, credentials: &'a Credentials) -> Scope<'a> {
 
 /// Acquires the lease and registers the handle. Runs in its own task (see [`bounded`]).
 pub(crate) async fn acquire(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     id: &TenantId,
     create: bool,
-) -> Result<Arc<HandleInner>> {
+) -> Result<Arc<HeldLease>> {
     let credentials = shared.current_credentials()?;
     let mut client = shared
         .pool
@@ -226,11 +226,11 @@ pub(crate) async fn acquire(
 /// name is derived from the id and the epoch; if it is taken (two ids whose shortened names and
 /// 40-bit hashes collide, which takes a deliberate search), the next salted name is tried.
 async fn create_tenant(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
     credentials: &Arc<Credentials>,
-) -> Result<Arc<HandleInner>> {
+) -> Result<Arc<HeldLease>> {
     for salt in 0..SCHEMA_NAME_SALTS {
         match create_once(shared, client, id, credentials, salt).await {
             Err(Error::Database { source, .. })
@@ -257,12 +257,12 @@ async fn create_tenant(
 }
 
 async fn create_once(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
     credentials: &Arc<Credentials>,
     salt: u32,
-) -> Result<Arc<HandleInner>> {
+) -> Result<Arc<HeldLease>> {
     let context = || format!("create tenant {id}");
     let tx = db::begin_read_write(client)
         .await
@@ -330,12 +330,12 @@ async fn create_once(
 
 /// Registers a freshly acquired lease as this replica's handle.
 pub(crate) async fn install_handle(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     id: &TenantId,
     lease: Acquired,
     event: Event,
-) -> Result<Arc<HandleInner>> {
-    let inner = Arc::new(HandleInner::new(id.clone(), lease, shared.clone()));
+) -> Result<Arc<HeldLease>> {
+    let inner = Arc::new(HeldLease::new(id.clone(), lease, shared.clone()));
     {
         let mut handles = lock(&shared.handles);
         handles.insert(id.clone(), inner.clone());

@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::id::TenantId;
 use crate::lease::HandleState;
 use crate::protocol::handoff::hand_over;
-use crate::state::shared::{HandleInner, Shared};
+use crate::state::replica::{HeldLease, Replica};
 use crate::sync::{join_all, lock};
 
 /// What [`Router::close`](crate::Router::close) did. Serializes (for a shutdown log line) with each failure as
@@ -49,14 +49,14 @@ fn serialize_failures<S: serde::Serializer>(
 
 /// Hands off every tenant served here, `close_concurrency` at a time, once `shared` is marked
 /// closed (so no open adds one).
-pub(crate) async fn hand_off_all(shared: &Shared) -> CloseReport {
+pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
     // An acquisition in flight either fails or installs its handle, sees the router closed
     // and gives the lease back: wait for them all before handing off and deregistering.
     let options = &shared.options;
     shared
         .acquisitions_done(options.open_timeout.saturating_add(options.drain_timeout))
         .await;
-    let queue: Vec<Arc<HandleInner>> = lock(&shared.handles).values().cloned().collect();
+    let queue: Vec<Arc<HeldLease>> = lock(&shared.handles).values().cloned().collect();
     let queue = Mutex::new(queue.into_iter());
     let report = Mutex::new(CloseReport::default());
     let lane = || async {

@@ -19,7 +19,7 @@ use crate::protocol::tenant_migrations::migrate_held;
 use crate::refusal::{self, Scope};
 use crate::sqlstate;
 use crate::state::lifecycle::Step;
-use crate::state::shared::{Acquired, ActiveWork, HandleInner, Shared};
+use crate::state::replica::{Acquired, ActiveWork, HeldLease, Replica};
 
 /// How often `forget(ActiveWork::Cancel)` repeats its cancel requests while work remains.
 const CANCEL_REPEAT: Duration = Duration::from_millis(50);
@@ -27,7 +27,7 @@ const CANCEL_REPEAT: Duration = Duration::from_millis(50);
 /// [`TenantHandle::forget`](crate::TenantHandle::forget): deal with the work in flight as `active` says, then one
 /// transaction masks every epoch up to this one, renames the schema into the trash, journals it
 /// and ends the lease.
-pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Result<String> {
+pub(crate) async fn forget(handle: &Arc<HeldLease>, active: ActiveWork) -> Result<String> {
     handle.admit()?;
     if !handle.step(Step::Drain) {
         return Err(Error::Draining {
@@ -42,8 +42,8 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
             in_flight,
         });
     }
-    let router = &handle.router;
-    let timeout = router.options.drain_timeout;
+    let replica = &handle.replica;
+    let timeout = replica.options.drain_timeout;
     let drained = if active == ActiveWork::Cancel {
         // A cancel reaches only the statement running at that moment: repeat it until the
         // work ends, so work between statements is caught at its next one.
@@ -55,7 +55,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
                     .map(|(_, token, _)| token.clone())
                     .collect();
                 for token in tokens {
-                    let _ = router.options.connector.cancel(token).await;
+                    let _ = replica.options.connector.cancel(token).await;
                 }
                 if tokio::time::timeout(CANCEL_REPEAT, handle.wait_idle())
                     .await
@@ -77,7 +77,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
             timeout,
         });
     }
-    let client = router
+    let client = replica
         .pool
         .get()
         .await
@@ -93,9 +93,9 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
         }
     };
     handle.step(Step::Forget);
-    router.detach(handle);
+    replica.detach(handle);
     info!(tenant = %handle.id, epoch = %handle.epoch, %trash, "forgotten");
-    router.emit(Event::Forgotten {
+    replica.emit(Event::Forgotten {
         tenant: handle.id.clone(),
         epoch: handle.epoch,
         trash: trash.clone(),
@@ -104,7 +104,7 @@ pub(crate) async fn forget(handle: &Arc<HandleInner>, active: ActiveWork) -> Res
 }
 
 /// Restores a forgotten tenant's newest trashed schema as a new life held by this replica.
-pub(crate) async fn restore(shared: &Arc<Shared>, id: &TenantId) -> Result<Arc<HandleInner>> {
+pub(crate) async fn restore(shared: &Arc<Replica>, id: &TenantId) -> Result<Arc<HeldLease>> {
     let credentials = shared.current_credentials()?;
     let context = || format!("restore tenant {id}");
     let scope = Scope {

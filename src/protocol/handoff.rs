@@ -23,18 +23,18 @@ use crate::refusal::{self, Scope};
 use crate::replica_id::ReplicaId;
 use crate::state::lifecycle::Step;
 use crate::state::liveness::{Notice, HANDOFF_CHANNEL};
-use crate::state::shared::{HandleInner, Shared};
+use crate::state::replica::{HeldLease, Replica};
 use crate::sync::lock;
 
 /// A handoff reserved for `replica`, refused before anything changes unless it names a
 /// registered, live replica.
-pub(crate) async fn hand_over_to(handle: &Arc<HandleInner>, replica: &ReplicaId) -> Result<()> {
-    ensure_live_replica(&handle.router, replica).await?;
+pub(crate) async fn hand_over_to(handle: &Arc<HeldLease>, replica: &ReplicaId) -> Result<()> {
+    ensure_live_replica(&handle.replica, replica).await?;
     hand_over(handle, Some(replica)).await
 }
 
 /// A handoff: refuse new work, drain within the drain timeout, release (reserved for `to`).
-pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&ReplicaId>) -> Result<()> {
+pub(crate) async fn hand_over(handle: &Arc<HeldLease>, to: Option<&ReplicaId>) -> Result<()> {
     if !handle.step(Step::Drain) {
         return Err(match handle.state() {
             HandleState::Draining => Error::Draining {
@@ -44,19 +44,19 @@ pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&ReplicaId>)
             _ => handle.lease_lost("released"),
         });
     }
-    let router = &handle.router;
-    router.emit(Event::Draining {
+    let replica = &handle.replica;
+    replica.emit(Event::Draining {
         tenant: handle.id.clone(),
         epoch: handle.epoch,
         in_flight: handle.in_flight(),
     });
-    let timeout = router.options.drain_timeout;
+    let timeout = replica.options.drain_timeout;
     let started = std::time::Instant::now();
     let drained = tokio::time::timeout(timeout, handle.wait_idle()).await;
     crate::metrics::drain_time(started.elapsed());
     if drained.is_err() {
         let in_flight = handle.in_flight();
-        router.emit(Event::DrainTimeout {
+        replica.emit(Event::DrainTimeout {
             tenant: handle.id.clone(),
             epoch: handle.epoch,
             in_flight,
@@ -79,7 +79,7 @@ pub(crate) async fn hand_over(handle: &Arc<HandleInner>, to: Option<&ReplicaId>)
 /// `pgtenant.request_handoff`, which checks this incarnation's secret, and the NOTIFY on
 /// `pgtenant_handoff` that wakes every replica's lease session (G8: the NOTIFY alone, which any
 /// role can send, makes no owner act).
-pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
+pub(crate) async fn request(shared: &Replica, id: &TenantId) -> Result<()> {
     let credentials = shared.current_credentials()?;
     let client = shared
         .pool
@@ -102,8 +102,8 @@ pub(crate) async fn request(shared: &Shared, id: &TenantId) -> Result<()> {
 /// row the requester's live incarnation wrote for this tenant, which this replica holds under
 /// `inner`'s lease. A notice without such a row (forged by any role that can NOTIFY, or a
 /// request of a replica of the previous release, which writes none) is not.
-async fn take_request(inner: &HandleInner, requester: &str) -> Result<bool> {
-    let shared = &inner.router;
+async fn take_request(inner: &HeldLease, requester: &str) -> Result<bool> {
+    let shared = &inner.replica;
     let client = shared
         .pool
         .get()
@@ -119,7 +119,7 @@ async fn take_request(inner: &HandleInner, requester: &str) -> Result<bool> {
 /// than one connection, and what the flood outruns is dropped with the oldest notices (a
 /// genuine request among them times out at its requester, as a refused one does).
 pub(crate) async fn serve_requests(
-    shared: std::sync::Weak<Shared>,
+    shared: std::sync::Weak<Replica>,
     mut notices: broadcast::Receiver<Notice>,
 ) {
     #[derive(serde::Deserialize)]
@@ -170,8 +170,8 @@ pub(crate) async fn serve_requests(
                 continue;
             }
         }
-        let accepted = inner.router.options.handoff_policy == HandoffPolicy::Accept;
-        inner.router.emit(Event::HandoffRequested {
+        let accepted = inner.replica.options.handoff_policy == HandoffPolicy::Accept;
+        inner.replica.emit(Event::HandoffRequested {
             tenant: tenant.clone(),
             requester: requester.clone(),
             accepted,
@@ -188,7 +188,7 @@ pub(crate) async fn serve_requests(
 
 /// Refuses a handoff target that is not a registered, live replica, before anything changes: a
 /// reservation for it would keep the tenant from everyone for the window.
-async fn ensure_live_replica(shared: &Shared, replica: &ReplicaId) -> Result<()> {
+async fn ensure_live_replica(shared: &Replica, replica: &ReplicaId) -> Result<()> {
     let client = shared
         .pool
         .get()

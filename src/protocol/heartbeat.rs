@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::options::RouterOptions;
 use crate::protocol::replica_start::{begin_incarnation, LeaseSession};
-use crate::state::shared::{RegistrationFailure, Shared};
+use crate::state::replica::{RegistrationFailure, Replica};
 use crate::sync::lock;
 
 /// One heartbeat: Some(()) renewed, None when the incarnation expired or was replaced.
@@ -44,7 +44,7 @@ enum SessionEnd {
 /// The replica's background task: heartbeats, and re-registration when an incarnation ends;
 /// deregisters on shutdown.
 pub(crate) async fn maintain(
-    shared: Arc<Shared>,
+    shared: Arc<Replica>,
     mut session: LeaseSession,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -123,7 +123,7 @@ pub(crate) async fn maintain(
 }
 
 async fn heartbeat_until_end(
-    shared: &Shared,
+    shared: &Replica,
     session: &mut LeaseSession,
     shutdown: &mut watch::Receiver<bool>,
 ) -> SessionEnd {

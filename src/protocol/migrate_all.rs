@@ -11,12 +11,12 @@ use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::protocol::tenant_migrations::{migrate_held, MigrationOutcome, TenantMigration};
 use crate::schema_version::SchemaVersion;
-use crate::state::shared::{HandleInner, Shared};
+use crate::state::replica::{HeldLease, Replica};
 use crate::sync::{join_all, lock};
 
 /// [`Router::migrate_all`](crate::Router::migrate_all).
 pub(crate) async fn migrate_all(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     concurrency: usize,
     progress: impl Fn(&TenantMigration),
 ) -> Result<Vec<TenantMigration>> {
@@ -67,7 +67,7 @@ pub(crate) async fn migrate_all(
 }
 
 async fn migrate_one(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     id: &TenantId,
     from: SchemaVersion,
     code: SchemaVersion,
@@ -79,7 +79,7 @@ async fn migrate_one(
             error: other.to_string(),
         },
     };
-    let served: Option<Arc<HandleInner>> = shared.handle(id).filter(|h| h.is_serving());
+    let served: Option<Arc<HeldLease>> = shared.handle(id).filter(|h| h.is_serving());
     if let Some(inner) = served {
         let mut client = match shared.pool.get().await {
             Ok(client) => client,

@@ -17,11 +17,11 @@ use crate::id::TenantId;
 use crate::lease::HandleState;
 use crate::protocol::acquire::acquire;
 use crate::state::liveness::FREE_CHANNEL;
-use crate::state::shared::{HandleInner, Shared};
+use crate::state::replica::{HeldLease, Replica};
 use crate::sync::lock;
 
 /// Serving here already, draining here, or None.
-fn local(shared: &Shared, id: &TenantId) -> Option<Result<Arc<HandleInner>>> {
+fn local(shared: &Replica, id: &TenantId) -> Option<Result<Arc<HeldLease>>> {
     let inner = shared.handle(id)?;
     match inner.state() {
         HandleState::Serving if inner.is_serving() => Some(Ok(inner)),
@@ -37,10 +37,10 @@ fn local(shared: &Shared, id: &TenantId) -> Option<Result<Arc<HandleInner>>> {
 /// waits for the gate, within its own bound, and then finds the tenant served here, or free.
 #[tracing::instrument(skip_all, fields(tenant = %id))]
 pub(crate) async fn open(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     id: &TenantId,
     create: bool,
-) -> Result<Arc<HandleInner>> {
+) -> Result<Arc<HeldLease>> {
     if shared.is_closed() {
         return Err(Error::RouterClosed);
     }
@@ -85,7 +85,7 @@ pub(crate) async fn open(
 
 /// Removes the tenant's gate once nobody else holds it: the map's copy and the caller's are the
 /// only two left (a waiting open, or an acquisition task still running, holds another).
-fn release_gate(shared: &Shared, id: &TenantId, gate: &Arc<tokio::sync::Mutex<()>>) {
+fn release_gate(shared: &Replica, id: &TenantId, gate: &Arc<tokio::sync::Mutex<()>>) {
     let mut opening = lock(&shared.opening);
     if Arc::strong_count(gate) <= 2 {
         opening.remove(id);
@@ -94,10 +94,10 @@ fn release_gate(shared: &Shared, id: &TenantId, gate: &Arc<tokio::sync::Mutex<()
 
 /// One acquisition task running, counted until it ends (even by a panic): close() waits for
 /// them.
-struct Running(Arc<Shared>);
+struct Running(Arc<Replica>);
 
 impl Running {
-    fn begin(shared: &Arc<Shared>) -> Running {
+    fn begin(shared: &Arc<Replica>) -> Running {
         shared.acquiring.fetch_add(1, Ordering::AcqRel);
         Running(shared.clone())
     }
@@ -115,12 +115,12 @@ impl Drop for Running {
 /// so that a timeout (or a caller that stops waiting) can neither strand a lease (a late success
 /// finds nobody to take it and gives it back) nor let a second acquisition start beside it.
 async fn bounded(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     id: &TenantId,
     create: bool,
     turn: tokio::sync::OwnedMutexGuard<()>,
     timeout: Duration,
-) -> Result<Arc<HandleInner>> {
+) -> Result<Arc<HeldLease>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (task_shared, task_id) = (shared.clone(), id.clone());
     let running = Running::begin(shared);
@@ -148,10 +148,10 @@ async fn bounded(
 /// [`Router::wait_for`](crate::Router::wait_for): opens once the tenant is free, woken by the
 /// release's NOTIFY or, for an owner that died or stalled, at its expiry.
 pub(crate) async fn wait_for(
-    shared: &Arc<Shared>,
+    shared: &Arc<Replica>,
     id: &TenantId,
     timeout: Duration,
-) -> Result<Arc<HandleInner>> {
+) -> Result<Arc<HeldLease>> {
     // Pauses between attempts are short (ttl, backoff); the cap keeps `now + pause` finite.
     const LONGEST_PAUSE: Duration = Duration::from_secs(3600);
     let deadline = Instant::now().checked_add(timeout);

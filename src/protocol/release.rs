@@ -28,13 +28,13 @@ use crate::lease::{Epoch, Journal};
 use crate::replica_id::ReplicaId;
 use crate::state::lifecycle::Step;
 use crate::state::releases::{Request, Requests};
-use crate::state::shared::{HandleInner, Shared};
+use crate::state::replica::{HeldLease, Replica};
 
 /// At most this many releases per transaction: keeps row locks and the statement small.
 const MAX_BATCH: usize = 256;
 
 /// Stops taking new work, waits for the work in flight (however long), then releases.
-pub(crate) async fn release(handle: &Arc<HandleInner>) -> Result<()> {
+pub(crate) async fn release(handle: &Arc<HeldLease>) -> Result<()> {
     if !handle.step(Step::Release) {
         return Ok(());
     }
@@ -45,14 +45,14 @@ pub(crate) async fn release(handle: &Arc<HandleInner>) -> Result<()> {
 /// Releases `handle`'s lease (reserved for `to` when given) and reports how it ended. The
 /// caller has stopped the handle's work already: drained it, or terminated what was in flight.
 pub(crate) async fn give_back(
-    handle: &Arc<HandleInner>,
+    handle: &Arc<HeldLease>,
     event: Journal,
     to: Option<&ReplicaId>,
 ) -> Result<()> {
-    let router = &handle.router;
-    router.detach(handle);
-    let reservation = to.map(|replica| (replica.as_str(), router.options.reservation));
-    let released = match router
+    let replica = &handle.replica;
+    replica.detach(handle);
+    let reservation = to.map(|target| (target.as_str(), replica.options.reservation));
+    let released = match replica
         .releases
         .release(
             &handle.id,
@@ -67,7 +67,7 @@ pub(crate) async fn give_back(
             // The target died between the check before the drain and this release: the
             // tenant is already drained, so it is released for anyone rather than kept.
             warn!(tenant = %handle.id, to = %replica_id, "handoff target gone; released without a reservation");
-            router
+            replica
                 .releases
                 .release(&handle.id, handle.epoch, &handle.credentials, event, None)
                 .await?
@@ -75,7 +75,7 @@ pub(crate) async fn give_back(
         released => released?,
     };
     let (tenant, epoch) = (handle.id.clone(), handle.epoch);
-    router.emit(match (released, event) {
+    replica.emit(match (released, event) {
         (false, _) => Event::Lost {
             tenant,
             epoch,
@@ -95,7 +95,7 @@ pub(crate) async fn give_back(
 /// of the code, a migration that failed for a reason other than the migration): on `client`,
 /// at once, not batched. A failure is logged: the lease ends with its expiry.
 pub(crate) async fn give_back_unused(
-    shared: &Shared,
+    shared: &Replica,
     client: &tokio_postgres::Client,
     id: &TenantId,
     epoch: Epoch,

@@ -27,12 +27,12 @@ use crate::replica_id::ReplicaId;
 use crate::state::bindings::Mode;
 use crate::state::liveness::{Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
 use crate::state::releases::ReleaseQueue;
-use crate::state::shared::{Shared, EVENT_BUFFER};
+use crate::state::replica::{Replica, EVENT_BUFFER};
 
 /// Starts a replica: the data-path pool, the lease session and its registration, the fencing
 /// and the placement the database allows, and the incarnation's service. The router starts
 /// the heartbeat and the handoff-request tasks on what this returns.
-pub(crate) async fn start(mut options: RouterOptions) -> Result<(Arc<Shared>, LeaseSession)> {
+pub(crate) async fn start(mut options: RouterOptions) -> Result<(Arc<Replica>, LeaseSession)> {
     options.validate()?;
     crate::metrics::describe();
     options.connector.timeout = options.effective_connect_timeout();
@@ -53,7 +53,7 @@ pub(crate) async fn start(mut options: RouterOptions) -> Result<(Arc<Shared>, Le
     let placement = crate::citus::decide(&options, &pool).await?;
     let (releases, requests) = ReleaseQueue::new();
     crate::protocol::release::start_batcher(pool.clone(), requests);
-    let mut shared = Shared::new(options, pool, notices, releases, fencing);
+    let mut shared = Replica::new(options, pool, notices, releases, fencing);
     shared.placement = placement;
     let shared = Arc::new(shared);
     begin_incarnation(&shared, &session);
@@ -285,7 +285,7 @@ async fn in_use(client: &Client, replica_id: &str, lock_key: i32) -> Error {
 }
 
 /// Starts serving an incarnation just registered.
-pub(crate) fn begin_incarnation(shared: &Shared, session: &LeaseSession) {
+pub(crate) fn begin_incarnation(shared: &Replica, session: &LeaseSession) {
     let options = &shared.options;
     let incarnation = session.incarnation();
     // How the previous incarnation ended no longer explains anything.

@@ -19,7 +19,7 @@ use crate::migrate::InTransaction;
 use crate::protocol::release::give_back_unused;
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
-use crate::state::shared::Shared;
+use crate::state::replica::Replica;
 
 /// refinery's history table, unqualified: it resolves to the tenant schema through the
 /// transaction's pinned search_path, so each tenant records its own migrations.
@@ -59,7 +59,7 @@ pub(crate) async fn apply(
 
 /// Brings an existing tenant up to the code's version, in one fenced read-write transaction.
 pub(crate) async fn migrate_existing(
-    shared: &Shared,
+    shared: &Replica,
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
     (epoch, lock_key): (Epoch, i32),
@@ -98,7 +98,7 @@ pub(crate) async fn migrate_existing(
 /// quarantined (a migration failed) or the lease given back (anything else), as
 /// [`after_failed_migration`] does.
 pub(crate) async fn migrate_held(
-    shared: &Shared,
+    shared: &Replica,
     client: &mut deadpool_postgres::Object,
     id: &TenantId,
     lease: (Epoch, i32),
@@ -116,7 +116,7 @@ pub(crate) async fn migrate_held(
 /// A migration that failed quarantines the tenant (which also ends the lease); any other
 /// failure just gives the lease back. `epoch` is None for a creation, which rolled back whole.
 pub(crate) async fn after_failed_migration(
-    shared: &Shared,
+    shared: &Replica,
     client: &tokio_postgres::Client,
     id: &TenantId,
     epoch: Option<Epoch>,

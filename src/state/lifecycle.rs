@@ -1,6 +1,6 @@
 //! A held lease's lifecycle (DESIGN §5 "Handoff", "Abandon", "Forget", G3), as a plain state
 //! machine: which step moves which state where, and whether new work is admitted. No I/O, no
-//! clock, no locks: `shared.rs` applies the answers under the handle's gate, and the unit tests
+//! clock, no locks: `replica.rs` applies the answers under the handle's gate, and the unit tests
 //! below check every state against every step.
 //!
 //! ```text

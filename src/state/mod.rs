@@ -3,8 +3,8 @@
 //! checks); nothing here imports a protocol or a facade.
 //!
 //! * `liveness.rs`: the current incarnation and its local deadline, read by every handle.
-//! * `shared.rs`: what a replica's router, handles and tasks share (`Shared`), and a handle's
-//!   state: serving, draining, ended, the work in flight and its cancel tokens (`HandleInner`).
+//! * `replica.rs`: what a replica's router, handles and tasks share (`Replica`), and a handle's
+//!   state: serving, draining, ended, the work in flight and its cancel tokens (`HeldLease`).
 //! * `lifecycle.rs`: a held lease's states and steps, a plain state machine with its unit tests.
 //! * `bindings.rs`: session fencing's bookkeeping of bound connections.
 //! * `data_sessions.rs`: what the data path knows of each pooled connection.
@@ -17,4 +17,4 @@ pub(crate) mod data_sessions;
 pub(crate) mod lifecycle;
 pub(crate) mod liveness;
 pub(crate) mod releases;
-pub(crate) mod shared;
+pub(crate) mod replica;

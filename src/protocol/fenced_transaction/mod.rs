@@ -35,7 +35,7 @@ use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::protocol::fenced_transaction::settle::{SessionState, WorkSession};
 use crate::sqlstate;
-use crate::state::shared::{CancelOnForget, HandleInner, Shared};
+use crate::state::replica::{CancelOnForget, HeldLease, Replica};
 use crate::sync::BoxFuture;
 
 pub(crate) mod once;
@@ -113,25 +113,25 @@ struct Entered {
 /// pooled connection (the server then neither parses nor plans them), or sent unnamed behind a
 /// pooler that keeps no prepared statements.
 async fn entry(
-    handle: &HandleInner,
+    handle: &HeldLease,
     client: &deadpool_postgres::Object,
     read_only: bool,
 ) -> Result<Entered> {
-    let router = &handle.router;
-    let cached = router.options.statement_cache;
-    let pid = if router.session_fencing() {
+    let replica = &handle.replica;
+    let cached = replica.options.statement_cache;
+    let pid = if replica.session_fencing() {
         Some(
-            crate::protocol::session_fencing::bind::bound(router, client, &handle.credentials)
+            crate::protocol::session_fencing::bind::bound(replica, client, &handle.credentials)
                 .await?,
         )
     } else {
         None
     };
-    let entered = match router.data_sessions.enter(client, &handle.key) {
+    let entered = match replica.data_sessions.enter(client, &handle.key) {
         Some(entered) => entered,
         None => {
             let (signal, characteristics) = db::sessions::probe(client).await?;
-            router.data_sessions.learn(client, signal, characteristics)
+            replica.data_sessions.learn(client, signal, characteristics)
         }
     };
     let entry = match (pid, entered.signal.is_some()) {
@@ -179,7 +179,7 @@ async fn prepared(
 /// Runs `statement` after the session reset when `reset` (the connection changes tenant): the
 /// reset goes on the wire first, both in the same flight.
 async fn after_reset<F>(
-    handle: &HandleInner,
+    handle: &HeldLease,
     tx: &Transaction<'_>,
     reset: bool,
     statement: F,
@@ -197,7 +197,7 @@ where
 
 /// Sends the entry (the fence, the enter statement or the pin) on `tx` and reads its reply.
 async fn send_entry(
-    handle: &HandleInner,
+    handle: &HeldLease,
     tx: &Transaction<'_>,
     entry: &Entry,
 ) -> std::result::Result<(), tokio_postgres::Error> {
@@ -223,7 +223,7 @@ async fn send_entry(
                 handle.id.key(),
                 handle.epoch,
                 handle.lock_key,
-                &handle.router.idle_timeout_ms,
+                &handle.replica.idle_timeout_ms,
             );
             after_reset(handle, tx, *reset, fenced).await
         }
@@ -234,7 +234,7 @@ async fn send_entry(
 /// session reset), else an idle one of the pool, else, rather than wait while a connection
 /// is idle, the one parked longest for another tenant, else wait for the pool.
 pub(crate) async fn tenant_connection(
-    shared: &Shared,
+    shared: &Replica,
     tenant: &str,
 ) -> std::result::Result<deadpool_postgres::Object, deadpool_postgres::PoolError> {
     if let Some(object) = shared.parking.take(tenant) {
@@ -261,7 +261,7 @@ pub(crate) async fn tenant_connection(
 /// backends registered before it), then BEGIN. In this order: a backend registered after
 /// `abandon` looked must not start work.
 async fn admit<'c>(
-    handle: &Arc<HandleInner>,
+    handle: &Arc<HeldLease>,
     object: &'c mut deadpool_postgres::Object,
     state: &mut SessionState,
     read_only: bool,
@@ -282,13 +282,13 @@ async fn admit<'c>(
 /// isolation level and deferrability, so that a session `SET` an earlier tenant's work left
 /// (undone by the reset, which runs after `BEGIN`) never shapes this transaction.
 async fn begin<'c>(
-    handle: &HandleInner,
+    handle: &HeldLease,
     client: &'c mut tokio_postgres::Client,
     state: &mut SessionState,
     read_only: bool,
     characteristics: crate::wire::Characteristics,
 ) -> Result<Transaction<'c>> {
-    let bound = handle.router.options.stuck_timeout;
+    let bound = handle.replica.options.stuck_timeout;
     let mut builder = client
         .build_transaction()
         .read_only(read_only)
@@ -309,7 +309,7 @@ async fn begin<'c>(
 /// epoch ends the tenure; anything else leaves the connection's session in doubt (a reset that
 /// an earlier tenant's `statement_timeout` cut short, say), so it is closed instead of pooled.
 fn entry_failed(
-    handle: &Arc<HandleInner>,
+    handle: &Arc<HeldLease>,
     error: tokio_postgres::Error,
     state: &mut SessionState,
 ) -> Error {
@@ -323,12 +323,12 @@ fn entry_failed(
 /// Commits, behind the commit check in the same flight, within the stuck bound. The session is
 /// settled once both replies were read: the transaction is over, whatever they say.
 async fn commit(
-    handle: &HandleInner,
+    handle: &HeldLease,
     tx: Transaction<'_>,
     check: Option<&Statement>,
     state: &mut SessionState,
 ) -> Result<()> {
-    let bound = handle.router.options.stuck_timeout;
+    let bound = handle.replica.options.stuck_timeout;
     let checked = fence::check(&tx, check);
     // join! polls in order, and each request goes on the wire at its first poll: the check
     // runs first, and a failed check leaves the transaction aborted, so the COMMIT behind it
@@ -363,7 +363,7 @@ async fn commit(
 
 /// What a failed commit check means: the work ended the fenced transaction itself, or left it
 /// aborted; either way nothing after that point committed.
-fn ended_or_failed(handle: &HandleInner, error: tokio_postgres::Error) -> Error {
+fn ended_or_failed(handle: &HeldLease, error: tokio_postgres::Error) -> Error {
     let ended = error
         .as_db_error()
         .is_some_and(|db| db.constraint() == Some(fence::ENDED_CONSTRAINT));
@@ -385,7 +385,7 @@ fn ended_or_failed(handle: &HandleInner, error: tokio_postgres::Error) -> Error 
 
 /// [`TenantHandle::run`](crate::TenantHandle::run) and `read`.
 pub(crate) async fn run<'a, T, E, F>(
-    handle: &Arc<HandleInner>,
+    handle: &Arc<HeldLease>,
     read_only: bool,
     work: F,
 ) -> Result<T, E>
@@ -394,7 +394,7 @@ where
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
     let in_flight = handle.begin_work()?;
-    let object = tenant_connection(&handle.router, &handle.key)
+    let object = tenant_connection(&handle.replica, &handle.key)
         .await
         .map_err(pool_error("get a connection for tenant work"))?;
     // From here on, whatever happens to this future, the session settles before the work stops
@@ -405,7 +405,7 @@ where
         Some((_, object, state)) => run_on(handle, object, state, read_only, work).await,
         None => Err(Error::stuck(
             "begin tenant transaction",
-            handle.router.options.stuck_timeout,
+            handle.replica.options.stuck_timeout,
         )
         .into()),
     };
@@ -416,7 +416,7 @@ where
 }
 
 async fn run_on<'a, T, E, F>(
-    handle: &Arc<HandleInner>,
+    handle: &Arc<HeldLease>,
     object: &mut deadpool_postgres::Object,
     state: &mut SessionState,
     read_only: bool,
@@ -451,15 +451,15 @@ where
 /// bookkeeping, and whether the connection served `max_tenants_per_connection` tenants (then it
 /// is closed instead of pooled: its backend's catalog caches go with it).
 fn retire_if_spent(
-    handle: &HandleInner,
+    handle: &HeldLease,
     object: deadpool_postgres::ObjectId,
     state: &mut SessionState,
 ) {
-    let router = &handle.router;
-    if router.data_sessions.committed(
+    let replica = &handle.replica;
+    if replica.data_sessions.committed(
         object,
         &handle.key,
-        router.options.max_tenants_per_connection,
+        replica.options.max_tenants_per_connection,
     ) {
         state.retire = true;
     }
@@ -487,9 +487,9 @@ impl std::fmt::Debug for TenantConnection {
 }
 
 impl TenantConnection {
-    pub(crate) async fn checkout(handle: &Arc<HandleInner>) -> Result<TenantConnection> {
+    pub(crate) async fn checkout(handle: &Arc<HeldLease>) -> Result<TenantConnection> {
         handle.admit()?;
-        let object = tenant_connection(&handle.router, &handle.key)
+        let object = tenant_connection(&handle.replica, &handle.key)
             .await
             .map_err(pool_error("get a connection for tenant work"))?;
         Ok(TenantConnection {
@@ -522,7 +522,7 @@ impl TenantConnection {
 
     async fn start(&mut self, read_only: bool) -> Result<TenantTransaction<'_>> {
         let handle = self.session.handle.clone();
-        let bound = handle.router.options.stuck_timeout;
+        let bound = handle.replica.options.stuck_timeout;
         // What an earlier transaction left unanswered (a commit whose future was dropped, a
         // begin that failed) is settled first.
         if !self.session.settle_now().await {
@@ -571,7 +571,7 @@ impl TenantConnection {
 pub struct TenantTransaction<'c> {
     /// None once committed or rolled back.
     tx: Option<Transaction<'c>>,
-    handle: &'c Arc<HandleInner>,
+    handle: &'c Arc<HeldLease>,
     state: &'c mut SessionState,
     object: deadpool_postgres::ObjectId,
     check: Option<Statement>,

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::protocol::fenced_transaction::{run, Tx};
-use crate::state::shared::HandleInner;
+use crate::state::replica::HeldLease;
 use crate::sync::BoxFuture;
 
 /// The table, in the tenant's schema (`search_path` is the schema, then `pg_temp`).
@@ -55,7 +55,7 @@ impl<T, E: From<Error>> From<Error> for Once<T, E> {
 
 /// [`TenantHandle::run_once`](crate::TenantHandle::run_once).
 pub(crate) async fn run_once<'a, T, E, F>(
-    handle: &Arc<HandleInner>,
+    handle: &Arc<HeldLease>,
     request: &str,
     work: F,
 ) -> Result<T, E>
@@ -77,7 +77,7 @@ where
     }
     ensure_table(handle).await?;
     let prune = due_for_pruning(handle);
-    let retention = handle.router.options.request_retention;
+    let retention = handle.replica.options.request_retention;
     let epoch = handle.epoch.get();
     let request = request.to_owned();
     let outcome = run(handle, false, move |tx| {
@@ -134,7 +134,7 @@ fn recorded<T: DeserializeOwned>(row: &tokio_postgres::Row) -> Result<T> {
 }
 
 /// Creates the table in the tenant's schema once per handle (under the lease).
-async fn ensure_table(handle: &Arc<HandleInner>) -> Result<()> {
+async fn ensure_table(handle: &Arc<HeldLease>) -> Result<()> {
     if handle.requests_table.load(Ordering::Acquire) {
         return Ok(());
     }
@@ -147,7 +147,7 @@ async fn ensure_table(handle: &Arc<HandleInner>) -> Result<()> {
 }
 
 /// Whether this run also deletes expired records (once per [`PRUNE_EVERY`] per handle).
-fn due_for_pruning(handle: &HandleInner) -> bool {
+fn due_for_pruning(handle: &HeldLease) -> bool {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let since = START.get_or_init(std::time::Instant::now).elapsed();
     let now = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);

@@ -30,7 +30,7 @@ use deadpool_postgres::Object;
 use tracing::warn;
 
 use crate::protocol::session_fencing::terminate::terminate_work;
-use crate::state::shared::{CancelOnForget, HandleInner, InFlight};
+use crate::state::replica::{CancelOnForget, HeldLease, InFlight};
 
 /// Retries of a termination that failed (the database unreachable), while the incarnation
 /// lasts: from this pause, doubling, up to the stuck timeout.
@@ -38,7 +38,7 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// A pooled data connection checked out for one tenant's work, with what counts it in flight.
 pub(crate) struct WorkSession {
-    pub(crate) handle: Arc<HandleInner>,
+    pub(crate) handle: Arc<HeldLease>,
     /// None once handed to a settle task or closed.
     object: Option<Object>,
     pub(crate) state: SessionState,
@@ -90,7 +90,7 @@ impl SessionState {
 }
 
 impl WorkSession {
-    pub(crate) fn new(handle: &Arc<HandleInner>, object: Object) -> WorkSession {
+    pub(crate) fn new(handle: &Arc<HeldLease>, object: Object) -> WorkSession {
         WorkSession {
             handle: handle.clone(),
             object: Some(object),
@@ -99,7 +99,7 @@ impl WorkSession {
     }
 
     /// The handle, the connection and the state, borrowed apart.
-    pub(crate) fn parts(&mut self) -> Option<(&Arc<HandleInner>, &mut Object, &mut SessionState)> {
+    pub(crate) fn parts(&mut self) -> Option<(&Arc<HeldLease>, &mut Object, &mut SessionState)> {
         let WorkSession {
             handle,
             object,
@@ -118,7 +118,7 @@ impl WorkSession {
         let Some(object) = self.object.as_ref() else {
             return false;
         };
-        let bound = self.handle.router.options.stuck_timeout;
+        let bound = self.handle.replica.options.stuck_timeout;
         match tokio::time::timeout(bound, object.batch_execute("ROLLBACK")).await {
             Ok(Ok(())) => {
                 self.state.settled();
@@ -165,7 +165,7 @@ impl Drop for WorkSession {
             } else {
                 // Idle and clean for this tenant: parked for its next work (affinity.rs).
                 self.handle
-                    .router
+                    .replica
                     .parking
                     .park(self.handle.key.clone(), object);
             }
@@ -180,7 +180,7 @@ impl Drop for WorkSession {
 /// and hand the connection back before it sees the socket close, and the next user (the
 /// abandon's own release) would get a dead connection: about half of the abandon test's runs
 /// once V7 made the wait for terminated backends milliseconds long.
-fn maybe_terminated(handle: &HandleInner) -> bool {
+fn maybe_terminated(handle: &HeldLease) -> bool {
     !matches!(
         handle.state(),
         crate::lease::HandleState::Serving | crate::lease::HandleState::Draining
@@ -189,8 +189,8 @@ fn maybe_terminated(handle: &HandleInner) -> bool {
 
 /// Settles a connection whose work stopped without its end being read (see the module doc).
 /// The work stays counted in flight (its `InFlight` lives in `state`) until this returns.
-async fn settle(handle: Arc<HandleInner>, object: Object, mut state: SessionState) {
-    let bound = handle.router.options.stuck_timeout;
+async fn settle(handle: Arc<HeldLease>, object: Object, mut state: SessionState) {
+    let bound = handle.replica.options.stuck_timeout;
     if !state.stuck {
         if let Ok(Ok(())) = tokio::time::timeout(bound, object.batch_execute("ROLLBACK")).await {
             state.settled();
@@ -205,18 +205,18 @@ async fn settle(handle: Arc<HandleInner>, object: Object, mut state: SessionStat
         "a data connection of work the caller stopped waiting for did not answer: ending its backend");
     // Never pooled again.
     drop(Object::take(object));
-    let router = &handle.router;
-    let (true, Some(pid)) = (router.session_fencing(), state.backend) else {
+    let replica = &handle.replica;
+    let (true, Some(pid)) = (replica.session_fencing(), state.backend) else {
         // Transaction fencing: a COMMIT still running on that backend holds the tenant's fence
         // lock, so no acquisition moves the epoch past it (it waits for it, or ends it).
         return;
     };
     let mut pause = FIRST_RETRY;
     loop {
-        match terminate_work(&router.pool, &handle.credentials, &[pid]).await {
+        match terminate_work(&replica.pool, &handle.credentials, &[pid]).await {
             Ok(()) => return,
             Err(error) => {
-                let current = router.liveness.credentials().map(|c| c.registration);
+                let current = replica.liveness.credentials().map(|c| c.registration);
                 if current != Some(handle.credentials.registration) {
                     // The incarnation is over: whoever takes its tenants seals it, which
                     // terminates this backend first.

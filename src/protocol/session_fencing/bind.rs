@@ -12,7 +12,7 @@ use crate::db;
 use crate::error::{Error, Result};
 use crate::sqlstate;
 use crate::state::bindings::LASTING_AFTER;
-use crate::state::shared::Shared;
+use crate::state::replica::Replica;
 
 /// Binds `object` to the credentials' incarnation unless it is already: one round trip on a
 /// connection's first tenant transaction (and after a re-registration), none after. Returns
@@ -23,7 +23,7 @@ use crate::state::shared::Shared;
 /// it. Refused for [`LASTING_AFTER`] fresh incarnations in a row, it is
 /// [`Error::SessionsRefused`], not [`Error::ReplicaDown`]: a retry does not cure it.
 pub(crate) async fn bound(
-    shared: &Shared,
+    shared: &Replica,
     object: &Object,
     credentials: &Credentials,
 ) -> Result<i32> {

@@ -1,6 +1,6 @@
 //! What one replica's router, handles and background tasks share (DESIGN §5, every protocol):
 //! the options, the data-path pool, the liveness, the handles served, the release batcher and
-//! the event channels (`Shared`); and each handle's state (`HandleInner`): serving, draining,
+//! the event channels (`Replica`); and each handle's state (`HeldLease`): serving, draining,
 //! ended, the in-flight count every voluntary end waits for, the cancel tokens `forget` and
 //! `abandon` use, and the admission check every unit of work passes ("Heartbeat": the local
 //! deadline). The two live in one file because each holds the other (a handle its router, the
@@ -35,7 +35,7 @@ use crate::sync::lock;
 /// Events buffered per subscriber before it starts missing them.
 pub(crate) const EVENT_BUFFER: usize = 1024;
 
-pub(crate) struct Shared {
+pub(crate) struct Replica {
     pub(crate) options: RouterOptions,
     pub(crate) pool: Pool,
     pub(crate) liveness: Liveness,
@@ -44,10 +44,10 @@ pub(crate) struct Shared {
     pub(crate) events: broadcast::Sender<Event>,
     pub(crate) notices: broadcast::Sender<Notice>,
     /// Tenants served or draining here.
-    pub(crate) handles: Mutex<HashMap<TenantId, Arc<HandleInner>>>,
+    pub(crate) handles: Mutex<HashMap<TenantId, Arc<HeldLease>>>,
     /// Handles that left `handles` with work still in flight: an acquisition of the same
     /// tenant by the same registration waits for that work (`earlier_work_done`).
-    retiring: Mutex<Vec<Weak<HandleInner>>>,
+    retiring: Mutex<Vec<Weak<HeldLease>>>,
     /// Releases of this router's leases, batched.
     pub(crate) releases: ReleaseQueue,
     /// Tenants being acquired, one gate per tenant so concurrent opens share one acquisition.
@@ -84,17 +84,17 @@ pub(crate) struct RegistrationFailure {
     pub(crate) lasting: Option<Error>,
 }
 
-impl Shared {
+impl Replica {
     pub(crate) fn new(
         options: RouterOptions,
         pool: Pool,
         notices: broadcast::Sender<Notice>,
         releases: ReleaseQueue,
         (fencing, fencing_fallback): (Mode, Option<String>),
-    ) -> Shared {
+    ) -> Replica {
         let (events, _) = broadcast::channel(EVENT_BUFFER);
         let parking = Parking::new(pool.status().max_size);
-        Shared {
+        Replica {
             idle_timeout_ms: millis(options.ttl).to_string(),
             releases,
             options,
@@ -176,12 +176,12 @@ impl Shared {
     }
 
     /// The handle of a tenant served or draining here.
-    pub(crate) fn handle(&self, id: &TenantId) -> Option<Arc<HandleInner>> {
+    pub(crate) fn handle(&self, id: &TenantId) -> Option<Arc<HeldLease>> {
         lock(&self.handles).get(id).cloned()
     }
 
     /// Forgets a handle that ended; only the exact handle, not a newer one for the same tenant.
-    pub(crate) fn detach(&self, handle: &Arc<HandleInner>) {
+    pub(crate) fn detach(&self, handle: &Arc<HeldLease>) {
         let mut handles = lock(&self.handles);
         if handles
             .get(&handle.id)
@@ -208,7 +208,7 @@ impl Shared {
         credentials: &Credentials,
     ) -> Result<()> {
         let deadline = tokio::time::Instant::now() + self.options.open_timeout;
-        let earlier = |handle: &Arc<HandleInner>| {
+        let earlier = |handle: &Arc<HeldLease>| {
             handle.id == *id
                 && handle.credentials.registration == credentials.registration
                 && handle.state() != HandleState::Serving
@@ -275,7 +275,7 @@ impl Shared {
         *lock(&self.down_reason) = Some((reason.clone(), stalled.map(|stalled| stalled.0)));
         let reason = reason.as_str();
         self.liveness.end();
-        let lost: Vec<Arc<HandleInner>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
+        let lost: Vec<Arc<HeldLease>> = lock(&self.handles).drain().map(|(_, h)| h).collect();
         crate::metrics::leases_held(self.options.replica_id.as_str(), 0);
         for handle in lost {
             handle.mark_lost(reason);
@@ -283,7 +283,7 @@ impl Shared {
     }
 }
 
-pub(crate) struct HandleInner {
+pub(crate) struct HeldLease {
     pub(crate) id: TenantId,
     pub(crate) epoch: Epoch,
     /// What the incarnation that holds this lease presents to the control plane.
@@ -316,7 +316,7 @@ pub(crate) struct HandleInner {
     pub(crate) requests_table: AtomicBool,
     /// When this handle last deleted expired idempotent requests (ms on a process clock).
     pub(crate) requests_pruned_at: AtomicU64,
-    pub(crate) router: Arc<Shared>,
+    pub(crate) replica: Arc<Replica>,
 }
 
 /// What [`TenantHandle::forget`](crate::TenantHandle::forget) does with work in flight.
@@ -341,9 +341,9 @@ pub(crate) struct Acquired {
     pub(crate) created: bool,
 }
 
-impl HandleInner {
-    pub(crate) fn new(id: TenantId, lease: Acquired, router: Arc<Shared>) -> Self {
-        HandleInner {
+impl HeldLease {
+    pub(crate) fn new(id: TenantId, lease: Acquired, replica: Arc<Replica>) -> Self {
+        HeldLease {
             key: Arc::from(id.key()),
             search_path: format!("{}, pg_temp", lease.schema),
             id,
@@ -362,7 +362,7 @@ impl HandleInner {
             next_work: AtomicU64::new(0),
             requests_table: AtomicBool::new(false),
             requests_pruned_at: AtomicU64::new(0),
-            router,
+            replica,
         }
     }
 
@@ -372,7 +372,7 @@ impl HandleInner {
 
     pub(crate) fn is_serving(&self) -> bool {
         self.state() == HandleState::Serving
-            && self.router.liveness.incarnation() == Some(self.credentials.incarnation)
+            && self.replica.liveness.incarnation() == Some(self.credentials.incarnation)
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -426,8 +426,8 @@ impl HandleInner {
         if self.step(Step::Lose) {
             tracing::warn!(tenant = %self.id, epoch = %self.epoch, reason, "lease lost");
             crate::metrics::lease_lost();
-            self.router.detach(self);
-            self.router.emit(Event::Lost {
+            self.replica.detach(self);
+            self.replica.emit(Event::Lost {
                 tenant: self.id.clone(),
                 epoch: self.epoch,
                 reason: reason.to_owned(),
@@ -474,7 +474,7 @@ impl HandleInner {
     }
 
     fn admission(&self) -> std::result::Result<(), Refusal> {
-        let liveness = &self.router.liveness;
+        let liveness = &self.replica.liveness;
         lifecycle::admission(
             self.state(),
             liveness.incarnation() == Some(self.credentials.incarnation),
@@ -484,7 +484,7 @@ impl HandleInner {
 
     /// Whether this handle's router is gone for good (dropped without `close()`).
     fn router_dropped(&self) -> bool {
-        self.router.dropped.load(Ordering::Acquire)
+        self.replica.dropped.load(Ordering::Acquire)
     }
 
     fn refuse(self: &Arc<Self>, refusal: Refusal) -> Error {
@@ -547,11 +547,11 @@ impl HandleInner {
 
 /// Counts one unit of in-flight work; the count drops even when the work is cancelled.
 pub(crate) struct InFlight {
-    handle: Arc<HandleInner>,
+    handle: Arc<HeldLease>,
 }
 
 impl InFlight {
-    fn enter(handle: &Arc<HandleInner>) -> Self {
+    fn enter(handle: &Arc<HeldLease>) -> Self {
         handle.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             handle: handle.clone(),
@@ -569,16 +569,12 @@ impl Drop for InFlight {
 
 /// Keeps a transaction's cancel token reachable by `forget(ActiveWork::Cancel)` while it runs.
 pub(crate) struct CancelOnForget {
-    handle: Arc<HandleInner>,
+    handle: Arc<HeldLease>,
     work: u64,
 }
 
 impl CancelOnForget {
-    pub(crate) fn register(
-        handle: &Arc<HandleInner>,
-        token: CancelToken,
-        pid: Option<i32>,
-    ) -> Self {
+    pub(crate) fn register(handle: &Arc<HeldLease>, token: CancelToken, pid: Option<i32>) -> Self {
         let work = handle.next_work.fetch_add(1, Ordering::Relaxed);
         handle.lock_cancels().push((work, token, pid));
         CancelOnForget {
