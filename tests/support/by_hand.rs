@@ -1,5 +1,20 @@
-//! SQL by hand against the control plane, as a lease session of this release would send it:
-//! taking a replica's liveness lock and registering an incarnation.
+//! SQL by hand: a plain session (no router) and the SQLSTATE of its errors, and the control
+//! plane's calls as a lease session of this release would send them (taking a replica's
+//! liveness lock, registering an incarnation).
+
+/// A plain session on `url`, its connection driven on a task of its own.
+pub(crate) async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+/// The SQLSTATE of a statement's error, when the server sent one.
+pub(crate) fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
+    error.code().map(|code| code.code())
+}
 
 /// Takes replica `replica`'s liveness lock on this session, as a lease session does.
 pub(crate) async fn take_liveness_lock(client: &tokio_postgres::Client, replica: &str) {

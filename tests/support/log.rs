@@ -1,6 +1,8 @@
 //! The log table the tests write in a tenant's schema: creating it (with or without the commit
 //! stamps of the history driver), appending a row, and reading it back.
 
+use std::collections::BTreeSet;
+
 use pgtenant::TenantHandle;
 
 /// The ledger table every test writes: which epoch committed which sequence number, and the
@@ -109,6 +111,24 @@ pub(crate) async fn log_rows(handle: &TenantHandle) -> Vec<(i64, i64, String, i6
                         .await?
                         .iter()
                         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .collect(),
+                )
+            })
+        })
+        .await
+        .expect("read the log")
+}
+
+/// The sequence numbers in the ledger's log.
+pub(crate) async fn log_seqs(handle: &TenantHandle) -> BTreeSet<i64> {
+    handle
+        .read(|tx| {
+            Box::pin(async move {
+                Ok::<_, pgtenant::Error>(
+                    tx.query("SELECT seq FROM log", &[])
+                        .await?
+                        .iter()
+                        .map(|r| r.get(0))
                         .collect(),
                 )
             })

@@ -5,7 +5,7 @@
 //! - [`routers`]: routers with short leases, tenant and replica ids, work on handles;
 //! - [`log`]: the log table tests write in a tenant's schema, and reading it back;
 //! - [`child`]: replica child processes and the line protocol they speak;
-//! - [`by_hand`]: SQL by hand against the control plane;
+//! - [`by_hand`]: plain sessions, SQL by hand against the control plane;
 //! - [`takeover`]: taking a tenant over, and the bound for serving again;
 //! - [`history`]: the history harness under faults and its verdict;
 //! - [`netns`]: replicas in network namespaces and silent partitions.
