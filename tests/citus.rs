@@ -11,7 +11,6 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use pgtenant::admin::SweepOptions;
@@ -599,20 +598,7 @@ async fn a_schema_move_under_write_load_loses_nothing_and_leaves_the_lease_alone
         (row_epoch, row_owner.as_deref()),
         (epoch.get(), Some("mover"))
     );
-    let present: BTreeSet<i64> = handle
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(
-                    tx.query("SELECT seq FROM log", &[])
-                        .await?
-                        .iter()
-                        .map(|r| r.get(0))
-                        .collect(),
-                )
-            })
-        })
-        .await
-        .unwrap();
+    let present = support::log_seqs(&handle).await;
     let missing: Vec<_> = acked.iter().filter(|seq| !present.contains(seq)).collect();
     if !missing.is_empty() {
         // Where did they go? The old placement's shard is dropped only later (deferred).

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use pgtenant::{Error, Router, TenantHandle, TenantId};
 use pgtenant_testkit::{Replication, StandbyPair};
-use support::{append, create_log, options, register_by_hand, tenant, ReplicaProcess};
+use support::{
+    append, connect, create_log, options, register_by_hand, sqlstate, tenant, ReplicaProcess,
+};
 use tokio::sync::watch;
 use tokio_postgres::{Client, NoTls};
 
@@ -59,14 +61,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-async fn connect(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-    tokio::spawn(connection);
-    client
 }
 
 /// A pair with a database and pgtenant's control plane on it, replicated to the standby.
@@ -294,10 +288,6 @@ async fn stale_commit(
     )
     .await?;
     tx.commit().await
-}
-
-fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
-    error.code().map(|code| code.code())
 }
 
 /// Per (ledger, epoch), every writer seen committing or acknowledged under it.

@@ -9,11 +9,7 @@ use std::time::Duration;
 use pgtenant::admin::{SetupOptions, SweepOptions};
 use pgtenant::{Error, Router};
 use pgtenant_testkit::TestDatabase;
-use support::{granted, options, tenant};
-
-fn sqlstate(error: &tokio_postgres::Error) -> Option<&str> {
-    error.code().map(|c| c.code())
-}
+use support::{granted, options, sqlstate, tenant};
 
 #[tokio::test]
 async fn the_app_role_runs_the_router_but_cannot_touch_the_control_plane() {

@@ -237,15 +237,6 @@ async fn copy(
         .await
 }
 
-/// A superuser session on the cluster (through 127.0.0.1).
-async fn admin(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("admin session");
-    tokio::spawn(connection);
-    client
-}
-
 /// How many backends of the cluster's database a client at `address` has.
 async fn backends_from(admin: &tokio_postgres::Client, address: std::net::Ipv4Addr) -> i64 {
     admin
@@ -422,7 +413,7 @@ async fn a_lost_nodes_replica_id_registers_again_on_a_new_address_within_the_bou
     }
     let (a, b) = (Link::new(), Link::new());
     let (cluster, db) = netns::cluster_on(&[&a, &b]).await;
-    let admin = admin(db.url()).await;
+    let admin = support::connect(db.url()).await;
     let mut lost = a.spawn(CHILD, &cluster.url_on(a.host_ip(), db.name()), "node");
     lost.ready().await;
     for ledger in ["lost-1", "lost-2"] {
@@ -438,7 +429,7 @@ async fn a_lost_nodes_replica_id_registers_again_on_a_new_address_within_the_bou
     }
     let lease_pid = backend_of(&admin, a.inside, "pgtenant lease node").await;
 
-    let watcher_admin = self::admin(db.url()).await;
+    let watcher_admin = support::connect(db.url()).await;
     let host = support::router(db.url(), "host-side").await;
 
     a.cut();
@@ -543,7 +534,7 @@ enum Midway {
 async fn partitioned_midway(midway: Midway) {
     let link = Link::new();
     let (cluster, db) = netns::cluster_on(&[&link]).await;
-    let admin = admin(db.url()).await;
+    let admin = support::connect(db.url()).await;
     let mut owner = link.spawn(CHILD, &cluster.url_on(link.host_ip(), db.name()), "inside");
     owner.ready().await;
     for ledger in ["mid", "inside-own"] {

@@ -6,7 +6,6 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use pgtenant::Error;
 use pgtenant_testkit::LocalCluster;
 use support::{
     append, count_rows, create_log, database, history_test, own_server, router, take_over, tenant,
@@ -176,20 +175,7 @@ async fn a_database_restart_mid_load_loses_nothing_acknowledged() {
     );
     let last = router.handle_of(&id).expect("serving after the restart");
     assert!(last.epoch() > first.epoch());
-    let present: BTreeSet<i64> = last
-        .read(|tx| {
-            Box::pin(async move {
-                Ok::<_, Error>(
-                    tx.query("SELECT seq FROM log", &[])
-                        .await?
-                        .iter()
-                        .map(|r| r.get(0))
-                        .collect(),
-                )
-            })
-        })
-        .await
-        .unwrap();
+    let present = support::log_seqs(&last).await;
     let missing: Vec<_> = acked.difference(&present).collect();
     assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
     router.close().await;

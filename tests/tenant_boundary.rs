@@ -5,7 +5,7 @@
 mod support;
 
 use pgtenant::{Error, Router, TenantHandle};
-use support::{database, options, tenant};
+use support::{count_rows, database, options, tenant};
 
 /// Two tenants on a router whose data path is ONE connection, each with an `accounts` table
 /// holding one row named after the tenant.
@@ -93,10 +93,6 @@ async fn text(handle: &TenantHandle, sql: &'static str) -> String {
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
-async fn count(handle: &TenantHandle, sql: &'static str) -> i64 {
-    support::count_rows(handle, sql).await
-}
-
 #[tokio::test]
 async fn a_temp_table_never_shadows_the_next_tenants_table_and_its_writes_land_in_its_schema() {
     let (db, admin) = database().await;
@@ -161,7 +157,7 @@ async fn a_temp_table_never_shadows_the_next_tenants_table_and_its_writes_land_i
         "one's write went past its temp table, to its ledger"
     );
     assert_eq!(
-        count(
+        count_rows(
             &two,
             "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
         )
@@ -247,11 +243,11 @@ async fn listen_advisory_locks_and_prepared_statements_do_not_cross_tenants() {
     // (notifications on pooled connections are dropped by the driver, never shown to work).
     work(&two, "SELECT 1").await;
     assert_eq!(
-        count(&two, "SELECT count(*) FROM pg_listening_channels()").await,
+        count_rows(&two, "SELECT count(*) FROM pg_listening_channels()").await,
         0
     );
     assert_eq!(
-        count(
+        count_rows(
             &two,
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
                 AND classid = 0 AND objid = 4242"
@@ -260,7 +256,7 @@ async fn listen_advisory_locks_and_prepared_statements_do_not_cross_tenants() {
         0
     );
     assert_eq!(
-        count(
+        count_rows(
             &two,
             "SELECT count(*) FROM pg_prepared_statements WHERE from_sql"
         )
@@ -444,7 +440,7 @@ async fn session_characteristics_cannot_hide_the_end_of_the_fenced_transaction()
         "{ended:?}"
     );
     // The next tenant on the one connection finds the session read-only by default again.
-    assert_eq!(count(&two, "SELECT count(*) FROM accounts").await, 1);
+    assert_eq!(count_rows(&two, "SELECT count(*) FROM accounts").await, 1);
     // (Inside a fenced transaction the pin sets it off locally: look between transactions.)
     let client = pool.get().await.expect("the pool's one connection");
     let default: String = client
@@ -477,7 +473,7 @@ async fn work_that_swallows_an_error_is_not_reported_as_committed() {
     let error = outcome.expect_err("an aborted transaction is not committed");
     assert_eq!(error.sqlstate(), Some("25P02"), "{error}");
     assert_eq!(
-        count(&one, "SELECT count(*) FROM accounts WHERE id = 30").await,
+        count_rows(&one, "SELECT count(*) FROM accounts WHERE id = 30").await,
         0
     );
     work(&one, "INSERT INTO accounts VALUES (31, 'later')").await;
@@ -556,7 +552,7 @@ async fn prepared_transaction_in_the_work(fencing: pgtenant::Fencing) {
         "the prepared transaction was still there to commit after the epoch moved"
     );
     assert_eq!(
-        count(&next, "SELECT count(*) FROM log WHERE writer = 'prepared'").await,
+        count_rows(&next, "SELECT count(*) FROM log WHERE writer = 'prepared'").await,
         0
     );
     support::append(&next, "next", 1)
