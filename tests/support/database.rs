@@ -88,10 +88,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 14] = [
     (
         "V13__first_day",
         include_str!("../../migrations/V13__first_day.sql"),
+    ),
     (
         "V14__one_fence",
         include_str!("../../migrations/V14__one_fence.sql"),
-    ),
     ),
 ];
 
