@@ -348,3 +348,91 @@ fn the_sql_check_tells_sql_from_prose() {
     let found: Vec<String> = string_literals(text).into_iter().map(|(_, s)| s).collect();
     assert_eq!(found, ["SELECT pgtenant.y()", "x\\\"y"]);
 }
+
+/// The guide's walks ("* **Open** …", "* **Heartbeat** …", "* **Run** …" in `docs/guide.md`):
+/// their modules in order, and the counts the text gives.
+fn guide_walks() -> Vec<(String, Vec<String>, String)> {
+    let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide.md"))
+        .expect("docs/guide.md");
+    let mut walks = Vec::new();
+    let mut lines = guide.lines().peekable();
+    while let Some(line) = lines.next() {
+        // A walk's first step is its entry point, in backticks right after the name.
+        let Some(name) = ["Open", "Heartbeat", "Run"].into_iter().find(|name| {
+            line.starts_with(&format!("* **{name}**")) && line.contains("`router` →")
+                || line.starts_with(&format!("* **{name}**")) && line.contains("`handle` →")
+        }) else {
+            continue;
+        };
+        let mut text = line.to_owned();
+        while lines.peek().is_some_and(|next| next.starts_with("  ")) {
+            text.push(' ');
+            text.push_str(lines.next().unwrap_or_default().trim());
+        }
+        // The walk is the backticked names joined by arrows, up to the counts.
+        let walk_text = text.split(" files,").next().unwrap_or(&text);
+        let modules: Vec<String> = walk_text
+            .split('→')
+            .filter_map(|step| {
+                let start = step.find('`')? + 1;
+                let end = start + step[start..].find('`')?;
+                Some(step[start..end].to_owned())
+            })
+            .collect();
+        walks.push((name.to_owned(), modules, text));
+    }
+    walks
+}
+
+#[test]
+fn the_guides_walks_follow_the_imports_and_say_their_counts() {
+    let graph = Graph::of(env!("CARGO_MANIFEST_DIR"));
+    let walks = guide_walks();
+    assert_eq!(
+        walks.len(),
+        3,
+        "docs/guide.md has the open, heartbeat and run walks"
+    );
+    let mut problems = Vec::new();
+    for (name, modules, text) in walks {
+        let mut entered: Vec<&String> = Vec::new();
+        let mut returns = 0;
+        for (step, module) in modules.iter().enumerate() {
+            if !graph.modules.contains_key(module) {
+                problems.push(format!("{name} walk: {module} is not a module of src/"));
+                continue;
+            }
+            if step > 0 {
+                // `use crate::db;` then `db::leases::acquire(…)` imports `db::leases` too.
+                let ancestors: Vec<String> = module
+                    .match_indices("::")
+                    .map(|(at, _)| module[..at].to_owned())
+                    .chain(std::iter::once(module.clone()))
+                    .collect();
+                let reached = entered.iter().any(|from| {
+                    graph
+                        .edges
+                        .get(from.as_str())
+                        .is_some_and(|to| ancestors.iter().any(|a| to.contains(a)))
+                });
+                if !reached {
+                    problems.push(format!(
+                        "{name} walk: step {step} enters {module}, which no module entered before \
+                         it imports"
+                    ));
+                }
+            }
+            if entered.contains(&module) {
+                returns += 1;
+            } else {
+                entered.push(module);
+            }
+        }
+        let said = format!("{} files, {returns} return", entered.len());
+        println!("{name}: {said}");
+        if !text.contains(&said) {
+            problems.push(format!("{name} walk: the guide should say \"{said}\""));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

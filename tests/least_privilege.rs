@@ -761,6 +761,7 @@ async fn public_can_use_only_the_allow_listed_objects() {
         "pgtenant.epoch_floor()",
         "pgtenant.fence(text,bigint)",
         "pgtenant.fence(text,bigint,integer,text)",
+        "pgtenant.fence(text,bigint,integer,text,boolean,boolean)", // V14: the one fence
         "pgtenant.fence_read(text,bigint,integer,text)",
         "pgtenant.fence_read_signalled(text,bigint,integer,text)",
         "pgtenant.fence_refusal(text,bigint,bigint,text,text,bigint)",
