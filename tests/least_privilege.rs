@@ -756,7 +756,7 @@ async fn status_is_for_the_granted_roles_only() {
 /// SECURITY DEFINER function has a fixed search_path.
 #[tokio::test]
 async fn public_can_use_only_the_allow_listed_objects() {
-    const PUBLIC_FUNCTIONS: [&str; 13] = [
+    const PUBLIC_FUNCTIONS: [&str; 14] = [
         "pgtenant.enter(text,text)",
         "pgtenant.epoch_floor()",
         "pgtenant.fence(text,bigint)",
