@@ -263,7 +263,7 @@ fn options(url: &str, replica: &str, pool: usize, extra: usize) -> RouterOptions
 /// The memory part's router: one data connection, so one backend serves every tenant.
 ///
 /// Without `--recycle` the connection is never recycled (the default bound,
-/// `DEFAULT_MAX_TENANTS_PER_CONNECTION`, is lifted) so the run shows how a backend grows;
+/// `pgtenant::limits::DEFAULT_MAX_TENANTS_PER_CONNECTION`, is lifted) so the run shows how a backend grows;
 /// `--recycle N` closes it once it has served N distinct tenants, and the run shows memory flat
 /// past N. Part 7 reads the memory of whichever backend the pool's connection has at each K.
 fn memory_options(url: &str, extra: usize, recycle: Option<usize>) -> RouterOptions {

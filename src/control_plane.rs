@@ -201,7 +201,7 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
 
 /// [`setup`] on a connection of its own to `url` (without TLS: with TLS, connect yourself and
 /// call [`setup`]). The connection, startup included, is bounded by the URL's
-/// `connect_timeout`, else [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT).
+/// `connect_timeout`, else [`DEFAULT_CONNECT_TIMEOUT`](crate::connect::DEFAULT_CONNECT_TIMEOUT).
 ///
 /// # Errors
 /// [`Error::InvalidOption`] for a URL that does not parse; otherwise as [`setup`].
@@ -215,7 +215,7 @@ pub async fn setup_url(url: &str) -> Result<SetupReport> {
     let bound = config
         .get_connect_timeout()
         .copied()
-        .unwrap_or(crate::DEFAULT_CONNECT_TIMEOUT);
+        .unwrap_or(crate::connect::DEFAULT_CONNECT_TIMEOUT);
     let connected = tokio::time::timeout(bound, config.connect(tokio_postgres::NoTls)).await;
     let (mut client, connection) = match connected {
         Ok(connected) => connected.map_err(Error::db("connect for control-plane setup"))?,

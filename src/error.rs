@@ -924,7 +924,7 @@ impl TenantId {
     /// here, before any database call.
     ///
     /// The rules, for each part (organization and ledger):
-    /// * 1 to [`MAX_ID_PART_LEN`](crate::MAX_ID_PART_LEN) (128) bytes;
+    /// * 1 to [`MAX_ID_PART_LEN`](crate::limits::MAX_ID_PART_LEN) (128) bytes;
     /// * ASCII letters, digits, `.`, `_` and `-` only (`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`),
     ///   so no `/` (the key is `organization/ledger`), no space, quote or non-ASCII letter;
     /// * starting with a letter or digit (never `-`, which a command line reads as a flag).

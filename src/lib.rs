@@ -7,8 +7,8 @@
 //! to another replica moves the lease, not the data.
 //!
 //! * [`setup`] creates or upgrades the control plane (schema `pgtenant`), idempotently and
-//!   safely from many processes at once; [`admin::setup_with`] also grants an application
-//!   role and an operator role exactly what they need.
+//!   safely from many processes at once; [`setup_with`] also grants an application role and an
+//!   operator role exactly what they need.
 //! * A [`Router`] is one replica. It starts from [`RouterOptions`], holds a liveness lock on a
 //!   dedicated lease session and heartbeats it. It opens tenants ([`Router::open`],
 //!   [`Router::open_or_create`], [`Router::wait_for`]) and hands them all off on
@@ -23,7 +23,8 @@
 //!   timings (names, labels and units in [`metrics`]).
 //! * Operators use [`admin`] (and the `pgtenant` command): listing, the sweep, quarantines.
 //! * Every failure is an [`Error`]; [`Error::kind`] sorts it, [`Error::is_retryable`] separates
-//!   an unavailable database from everything else.
+//!   an unavailable database from everything else. [`sqlstate`] names the SQLSTATEs a fenced
+//!   statement fails with; [`limits`] the bounds input is checked against.
 //!
 //! ```no_run
 //! # async fn example() -> pgtenant::Result<()> {
@@ -69,6 +70,7 @@ mod event;
 mod handle;
 mod id;
 mod lease;
+pub mod limits;
 pub mod metrics;
 mod migrate;
 mod options;
@@ -77,30 +79,25 @@ mod refusal;
 mod replica_id;
 mod router;
 mod schema_version;
-mod sqlstate;
+pub mod sqlstate;
 mod stall;
 mod state;
 mod sync;
 mod wire;
 
-pub use connect::DEFAULT_CONNECT_TIMEOUT;
-pub use control_plane::{setup, setup_url};
+pub use control_plane::{setup, setup_url, setup_with, SetupOptions, SetupReport};
 pub use error::{Error, ErrorKind, Result};
 pub use event::Event;
 pub use handle::{ActiveWork, TenantHandle};
-pub use options::DEFAULT_MAX_TENANTS_PER_CONNECTION;
 pub use protocol::fenced_transaction::{TenantConnection, TenantTransaction, Tx};
 
-pub use id::{IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
+pub use id::{IdPart, IdRule, InvalidTenantId, TenantId};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
-pub use options::{Fencing, HandoffPolicy, RouterOptions, MAX_TTL, MIN_TTL};
+pub use options::{Fencing, HandoffPolicy, RouterOptions};
 pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
-pub use replica_id::{InvalidReplicaId, ReplicaId, MAX_REPLICA_ID_LEN};
+pub use replica_id::{InvalidReplicaId, ReplicaId};
 pub use router::{CloseReport, Router, Summary, TenantStatus};
 pub use schema_version::SchemaVersion;
-pub use sqlstate::{
-    FENCED as SQLSTATE_FENCED, FORGOTTEN as SQLSTATE_FORGOTTEN, NOT_PRIMARY as SQLSTATE_NOT_PRIMARY,
-};
 pub use sync::BoxFuture;
 
 /// The PostgreSQL driver pgtenant is built on, for the types work names (`Row`,

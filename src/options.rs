@@ -346,7 +346,7 @@ impl RouterOptions {
 
     /// How many distinct tenants one pooled data connection serves before it is closed (and
     /// the pool opens a fresh one): default
-    /// [`DEFAULT_MAX_TENANTS_PER_CONNECTION`](crate::DEFAULT_MAX_TENANTS_PER_CONNECTION).
+    /// [`DEFAULT_MAX_TENANTS_PER_CONNECTION`](crate::limits::DEFAULT_MAX_TENANTS_PER_CONNECTION).
     /// PostgreSQL never gives back the catalog caches a backend filled: measured here about
     /// 40 KB per tenant schema it touched (three tables, an index, two sequences), so a
     /// connection that served 10 000 tenants holds about 400 MB. The bound keeps each data

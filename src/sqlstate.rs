@@ -1,6 +1,9 @@
 //! The SQLSTATEs pgtenant's control-plane functions raise (DESIGN §5, every lease
-//! transition's refusals), one list. The one place that turns a database refusal into an
-//! [`Error`](crate::Error) is `refusal.rs`, above this file and `error.rs`.
+//! transition's refusals), one list. Public are the three a statement of the application's own
+//! work can fail with, for code that matches on the driver's error
+//! (`error.code().map(|c| c.code()) == Some(pgtenant::sqlstate::FENCED)`); the rest reach the
+//! application as typed [`Error`](crate::Error)s. The one place that turns a database refusal
+//! into an `Error` is `refusal.rs`, above this file and `error.rs`.
 
 /// Raised by the fence when a handle's epoch is no longer the tenant's epoch (taken over or
 /// released): nothing of the transaction commits.

@@ -654,7 +654,7 @@ async fn a_schema_move_under_write_load_loses_nothing_and_leaves_the_lease_alone
         .expect_err("a superseded epoch passes no fence");
     assert_eq!(
         refused.code().map(|code| code.code()),
-        Some(pgtenant::SQLSTATE_FENCED)
+        Some(pgtenant::sqlstate::FENCED)
     );
     drop(tx);
     append(&next, "successor", 1)

@@ -520,7 +520,7 @@ async fn synchronous_failover_loses_nothing_acknowledged_and_no_old_handle_commi
         .expect_err("a pre-failover epoch committed on the new primary");
     assert_eq!(
         sqlstate(&refused),
-        Some(pgtenant::SQLSTATE_FENCED),
+        Some(pgtenant::sqlstate::FENCED),
         "{refused}"
     );
 
@@ -686,7 +686,7 @@ async fn asynchronous_failover_reports_its_losses_and_no_stale_owner_commits() {
         .expect_err("the lost acquisition's handle committed on the new primary");
     assert_eq!(
         sqlstate(&refused),
-        Some(pgtenant::SQLSTATE_FENCED),
+        Some(pgtenant::sqlstate::FENCED),
         "{refused}"
     );
 
@@ -964,7 +964,7 @@ async fn several_hosts_reach_the_primary_and_skip_the_standby() {
     let text = error.to_string();
     assert_eq!(
         error.sqlstate(),
-        Some(pgtenant::SQLSTATE_NOT_PRIMARY),
+        Some(pgtenant::sqlstate::NOT_PRIMARY),
         "{text}"
     );
     assert!(error.is_retryable(), "{text}");

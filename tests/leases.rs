@@ -344,7 +344,7 @@ async fn a_stale_epoch_is_refused_by_the_database_itself() {
         )
         .await
         .expect_err("stale epoch");
-    assert_eq!(error.code().unwrap().code(), pgtenant::SQLSTATE_FENCED);
+    assert_eq!(error.code().unwrap().code(), pgtenant::sqlstate::FENCED);
     new.close().await;
 }
 

@@ -6,7 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use pgtenant::admin::{SetupOptions, SweepOptions};
+use pgtenant::admin::SweepOptions;
+use pgtenant::SetupOptions;
 use pgtenant::{Error, Router};
 use pgtenant_testkit::TestDatabase;
 use support::{granted, options, sqlstate, tenant};
@@ -128,10 +129,9 @@ async fn the_app_role_runs_the_router_but_cannot_touch_the_control_plane() {
 async fn setup_refuses_a_role_that_does_not_exist_before_changing_anything() {
     let db = TestDatabase::create().await.expect("test database");
     let mut admin = db.connect().await.expect("connect");
-    let error =
-        pgtenant::admin::setup_with(&mut admin, &SetupOptions::default().app_role("nobody_here"))
-            .await
-            .expect_err("no such role");
+    let error = pgtenant::setup_with(&mut admin, &SetupOptions::default().app_role("nobody_here"))
+        .await
+        .expect_err("no such role");
     assert!(
         matches!(&error, Error::InvalidOption { option: "app_role", reason, .. } if reason.contains("does not exist")),
         "{error}"
@@ -360,10 +360,9 @@ async fn setup_refuses_grants_it_cannot_give_before_changing_anything() {
         .await
         .unwrap();
     let mut as_owner = owner.connect().await.unwrap();
-    let error =
-        pgtenant::admin::setup_with(&mut as_owner, &SetupOptions::default().app_role(app.name()))
-            .await
-            .expect_err("cannot grant CREATE");
+    let error = pgtenant::setup_with(&mut as_owner, &SetupOptions::default().app_role(app.name()))
+        .await
+        .expect_err("cannot grant CREATE");
     assert!(
         matches!(&error, Error::InvalidOption { option: "app_role", reason, .. } if reason.contains("GRANT CREATE ON DATABASE")),
         "{error}"

@@ -358,7 +358,7 @@ async fn forget_masks_the_epoch_moves_the_schema_to_trash_and_a_new_life_sees_no
             .query_one("SELECT pgtenant.fence($1, $2)", &[&id.key(), &epoch])
             .await
             .expect_err("every epoch up to the forgotten one is masked");
-        assert_eq!(error.code().unwrap().code(), pgtenant::SQLSTATE_FORGOTTEN);
+        assert_eq!(error.code().unwrap().code(), pgtenant::sqlstate::FORGOTTEN);
     }
     let status = b.status(&id).await.unwrap();
     assert_eq!((status.state.as_str(), status.schema), ("forgotten", None));

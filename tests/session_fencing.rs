@@ -508,9 +508,9 @@ async fn without_the_right_to_terminate_sessions_start_says_so_and_the_default_f
         .await
         .unwrap();
     let mut as_owner = owner.connect().await.unwrap();
-    pgtenant::admin::setup_with(
+    pgtenant::setup_with(
         &mut as_owner,
-        &pgtenant::admin::SetupOptions::default().app_role(app.name()),
+        &pgtenant::SetupOptions::default().app_role(app.name()),
     )
     .await
     .expect("setup by a non-superuser owner");

@@ -9,7 +9,8 @@ mod support;
 use std::time::Duration;
 
 use pgtenant::admin::SweepOptions;
-use pgtenant::{ActiveWork, Error, IdPart, IdRule, InvalidTenantId, TenantId, MAX_ID_PART_LEN};
+use pgtenant::limits::MAX_ID_PART_LEN;
+use pgtenant::{ActiveWork, Error, IdPart, IdRule, InvalidTenantId, TenantId};
 use pgtenant_testkit::TestDatabase;
 
 const UUID: &str = "3f2c1a9e-8b7d-4c6e-9f1a-2b3c4d5e6f70";

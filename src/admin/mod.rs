@@ -14,9 +14,7 @@ use crate::lease::{Epoch, TenantState};
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
 
-pub use crate::control_plane::{
-    control_plane_version, setup_with, supported_version, SetupOptions, SetupReport, CONTROL_SCHEMA,
-};
+pub use crate::control_plane::{control_plane_version, supported_version, CONTROL_SCHEMA};
 pub use crate::protocol::sweep::{sweep, SweepOptions, SweepReport};
 
 /// Which tenants [`list_tenants`] returns: filters combine with AND; pages by key.

@@ -24,9 +24,9 @@ pub(crate) async fn granted() -> (
     let mut admin = db.connect().await.expect("connect");
     let app = db.create_role("app").await.expect("app role");
     let operator = db.create_role("op").await.expect("operator role");
-    pgtenant::admin::setup_with(
+    pgtenant::setup_with(
         &mut admin,
-        &pgtenant::admin::SetupOptions::default()
+        &pgtenant::SetupOptions::default()
             .app_role(app.name())
             .operator_role(operator.name()),
     )

@@ -7,14 +7,14 @@ use crate::output::{self, out};
 
 pub(crate) async fn run(connection: &Connection, args: &cli::Setup) -> Result<(), CliError> {
     let (_, mut connected) = connect(connection).await?;
-    let mut roles = pgtenant::admin::SetupOptions::default();
+    let mut roles = pgtenant::SetupOptions::default();
     if let Some(role) = &args.app_role {
         roles = roles.app_role(role);
     }
     if let Some(role) = &args.operator_role {
         roles = roles.operator_role(role);
     }
-    let report = pgtenant::admin::setup_with(&mut connected.client, &roles).await?;
+    let report = pgtenant::setup_with(&mut connected.client, &roles).await?;
     if args.output.json {
         return output::json(&report);
     }
