@@ -3,13 +3,13 @@
 //! - The control plane (schema `pgtenant`) is a plain local schema on the coordinator, never
 //!   distributed and never propagated to the workers, whatever the session's
 //!   `citus.enable_schema_based_sharding` says: setup turns both that setting and
-//!   `citus.enable_ddl_propagation` off for its own transaction ([`KEEP_LOCAL_SQL`]), and undoes
-//!   a control plane an earlier setup left distributed ([`localize_control_plane`]). Every fence,
+//!   `citus.enable_ddl_propagation` off for its own transaction (`db::citus::keep_local`), and undoes
+//!   a control plane an earlier setup left distributed (`db::citus::localize_control_plane`). Every fence,
 //!   lease and advisory lock is therefore answered by the coordinator alone.
 //! - Tenant schemas become distributed schemas (one worker each, `citus_schema_move`
 //!   rebalances) when [`RouterOptions::distributed_schemas`](crate::RouterOptions::distributed_schemas)
 //!   says so, which is the default when the database has the `citus` extension. The creating
-//!   transaction sets the sharding setting itself ([`SHARDING_SQL`]), so the session's value
+//!   transaction sets the sharding setting itself (`db::citus::set_sharding`), so the session's value
 //!   never decides.
 //! - Citus propagates some DDL in a distributed schema (`CREATE INDEX` among others) by sending
 //!   the client's query text to the worker as a prepared statement, which fails for a text with
@@ -19,10 +19,7 @@
 //!   touched several nodes with two-phase commit, so creation + migrations stay atomic and a
 //!   failure leaves nothing on any node.
 
-use deadpool_postgres::Pool;
-use tokio_postgres::GenericClient;
-
-use crate::error::{pool_error, Error, Result};
+use crate::error::{Error, Result};
 use crate::options::RouterOptions;
 
 /// What a router does on this database, decided once at start.
@@ -40,104 +37,31 @@ impl Placement {
         self.citus
     }
 
-    /// The value for [`SHARDING_SQL`], or None where Citus is absent.
+    /// The value of `citus.enable_schema_based_sharding` for a new tenant schema
+    /// (`db::citus::set_sharding`), or None where Citus is absent.
     pub(crate) fn sharding(self) -> Option<&'static str> {
         self.citus
             .then_some(if self.distributed { "on" } else { "off" })
     }
 }
 
-/// Looks for Citus through the data-path pool and applies
-/// [`RouterOptions::distributed_schemas`](crate::RouterOptions::distributed_schemas).
-pub(crate) async fn decide(options: &RouterOptions, pool: &Pool) -> Result<Placement> {
-    let client = pool
-        .get()
-        .await
-        .map_err(pool_error("look for the citus extension"))?;
-    let citus = present(&**client).await?;
-    let distributed = match options.distributed_schemas {
-        None => citus,
-        Some(true) if !citus => {
-            return Err(Error::InvalidOption {
-                option: "distributed_schemas",
-                reason: "this database has no citus extension (CREATE EXTENSION citus on a Citus coordinator first)"
-                    .to_owned(),
-            })
-        }
-        Some(wanted) => wanted,
-    };
-    Ok(Placement { citus, distributed })
-}
-
-/// Whether the database has the Citus extension (the coordinator of a cluster, or a single-node
-/// Citus).
-pub(crate) async fn present(client: &impl GenericClient) -> Result<bool> {
-    client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("look for the citus extension"))
-}
-
-/// For the rest of the current transaction: nothing created is distributed or propagated to the
-/// workers. Run only where Citus is present (the settings exist only then).
-pub(crate) const KEEP_LOCAL_SQL: &str =
-    "SELECT set_config('citus.enable_schema_based_sharding', 'off', true),
-            set_config('citus.enable_ddl_propagation', 'off', true)";
-
-/// `$1` ('on' or 'off'): whether the schema the current transaction creates next is a
-/// distributed schema. Run only where Citus is present.
-pub(crate) const SHARDING_SQL: &str =
-    "SELECT set_config('citus.enable_schema_based_sharding', $1, true)";
-
-/// Undoes a control plane that an earlier setup (or an operator) left distributed: a
-/// distributed schema is undistributed, and any Citus table left in it turned back into a
-/// local one. Runs in setup's transaction, before [`KEEP_LOCAL_SQL`], on Citus only.
-pub(crate) async fn localize_control_plane(client: &impl GenericClient) -> Result<()> {
-    let distributed: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_dist_schema WHERE schemaid::regnamespace::text = 'pgtenant')",
-            &[],
-        )
-        .await
-        .and_then(|row| row.try_get(0))
-        .map_err(Error::db("check whether the control plane is a distributed schema"))?;
-    if distributed {
-        tracing::warn!(
-            "the control plane was a distributed schema: making it local to the coordinator"
-        );
-        client
-            .execute("SELECT citus_schema_undistribute('pgtenant')", &[])
-            .await
-            .map_err(Error::db("undistribute the control plane's schema"))?;
+impl Placement {
+    /// Applies [`RouterOptions::distributed_schemas`](crate::RouterOptions::distributed_schemas)
+    /// to whether the database has Citus (`db::citus::present`).
+    pub(crate) fn decide(options: &RouterOptions, citus: bool) -> Result<Placement> {
+        let distributed = match options.distributed_schemas {
+            None => citus,
+            Some(true) if !citus => {
+                return Err(Error::InvalidOption {
+                    option: "distributed_schemas",
+                    reason: "this database has no citus extension (CREATE EXTENSION citus on a Citus coordinator first)"
+                        .to_owned(),
+                })
+            }
+            Some(wanted) => wanted,
+        };
+        Ok(Placement { citus, distributed })
     }
-    let context = "look for Citus tables in the control plane";
-    let tables = client
-        .query(
-            "SELECT logicalrelid::regclass::text FROM pg_dist_partition
-              WHERE logicalrelid::regclass::text LIKE 'pgtenant.%'",
-            &[],
-        )
-        .await
-        .map_err(Error::db(context))?
-        .iter()
-        .map(|row| row.try_get::<_, String>(0))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(Error::db(context))?;
-    for table in tables {
-        tracing::warn!(%table, "a control-plane table was a Citus table: making it local");
-        client
-            .execute(
-                "SELECT undistribute_table($1::regclass, cascade_via_foreign_keys => true)",
-                &[&table],
-            )
-            .await
-            .map_err(Error::db("undistribute a control-plane table"))?;
-    }
-    Ok(())
 }
 
 /// Splits SQL text into its statements, as psql does: semicolons inside quotes, quoted

@@ -138,14 +138,9 @@ async fn setup_inner(client: &mut Client, roles: Option<&SetupOptions>) -> Resul
         .map_err(Error::db("begin control-plane setup"))?;
     db::setup::setup_lock(&transaction).await?;
     // On Citus the control plane stays a local schema on the coordinator (see citus.rs).
-    if crate::citus::present(&transaction).await? {
-        crate::citus::localize_control_plane(&transaction).await?;
-        transaction
-            .batch_execute(crate::citus::KEEP_LOCAL_SQL)
-            .await
-            .map_err(Error::db(
-                "keep the control plane local to the Citus coordinator",
-            ))?;
+    if db::citus::present(&transaction).await? {
+        db::citus::localize_control_plane(&transaction).await?;
+        db::citus::keep_local(&transaction).await?;
     }
     // Checked under the lock, so a newer library cannot upgrade the schema in between.
     let found = db::setup::read_version(&transaction).await?;

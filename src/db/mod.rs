@@ -11,6 +11,7 @@
 //! * `replicas.rs`: register, deregister, heartbeat, liveness, lock keys.
 //! * `sweep.rs`: the trash, the sweep's records, pruning.
 //! * `admin.rs`: the operators' reads and calls.
+//! * `citus.rs`: whether the database has Citus, and what stays local to its coordinator.
 //! * `setup.rs`: the setup lock, grants, the control plane's version.
 //!
 //! Data sessions start read-only (`default_transaction_read_only`, G6), and a previous user of
@@ -21,6 +22,7 @@
 //! one round trip, as the bare call took before.
 
 pub(crate) mod admin;
+pub(crate) mod citus;
 pub(crate) mod fence;
 pub(crate) mod leases;
 pub(crate) mod replicas;

@@ -281,7 +281,7 @@ async fn create_once(
     let schema = id.schema_name_salted(epoch.get(), salt);
     // On Citus this transaction decides whether the schema is distributed (see citus.rs).
     if let Some(sharding) = shared.placement.sharding() {
-        tx.execute(crate::citus::SHARDING_SQL, &[&sharding])
+        db::citus::set_sharding(&tx, sharding)
             .await
             .map_err(Error::db_with(context))?;
     }

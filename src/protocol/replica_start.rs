@@ -16,10 +16,11 @@ use tokio::sync::{broadcast, oneshot};
 use tokio_postgres::{AsyncMessage, Client};
 use tracing::info;
 
+use crate::citus::Placement;
 use crate::connect::Connector;
 use crate::credentials::{millis, Credentials};
 use crate::db;
-use crate::error::{Error, Result};
+use crate::error::{pool_error, Error, Result};
 use crate::event::Event;
 use crate::lease::Incarnation;
 use crate::options::RouterOptions;
@@ -50,7 +51,14 @@ pub(crate) async fn start(mut options: RouterOptions) -> Result<(Arc<Replica>, L
     if fencing.0 == Mode::Session {
         session.declare_session_fencing().await?;
     }
-    let placement = crate::citus::decide(&options, &pool).await?;
+    let citus = {
+        let client = pool
+            .get()
+            .await
+            .map_err(pool_error("look for the citus extension"))?;
+        db::citus::present(&**client).await?
+    };
+    let placement = Placement::decide(&options, citus)?;
     let (releases, requests) = ReleaseQueue::new();
     crate::protocol::release::start_batcher(pool.clone(), requests);
     let mut shared = Replica::new(options, pool, notices, releases, fencing);
