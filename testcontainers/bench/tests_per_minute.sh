@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-5}
-tests=(-p pgtenant --test control_plane --test tenant_ids --test leases --test router)
+tests=(-p pgtenant --test control_plane --test tenant_ids --test leases --test handoff --test opening)
 
 cargo test -q "${tests[@]}" --no-run 2>/dev/null
 count=$(cargo test -q "${tests[@]}" -- --list 2>/dev/null | grep -c ': test$')

@@ -7,6 +7,7 @@
 //! - [`child`]: replica child processes and the line protocol they speak;
 //! - [`by_hand`]: plain sessions, SQL by hand against the control plane;
 //! - [`takeover`]: taking a tenant over, and the bound for serving again;
+//! - [`events`]: waiting for a router's events about one tenant;
 //! - [`history`]: the history harness under faults and its verdict;
 //! - [`netns`]: replicas in network namespaces and silent partitions.
 #![allow(dead_code)] // each test binary uses a different part
@@ -14,6 +15,7 @@
 pub(crate) mod by_hand;
 pub(crate) mod child;
 pub(crate) mod database;
+pub(crate) mod events;
 pub(crate) mod history;
 pub(crate) mod log;
 pub(crate) mod netns;
@@ -21,4 +23,6 @@ pub(crate) mod routers;
 pub(crate) mod takeover;
 
 #[allow(unused_imports)] // likewise for the re-exports
-pub(crate) use {by_hand::*, child::*, database::*, history::*, log::*, routers::*, takeover::*};
+pub(crate) use {
+    by_hand::*, child::*, database::*, events::*, history::*, log::*, routers::*, takeover::*,
+};
