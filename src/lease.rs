@@ -233,6 +233,53 @@ impl fmt::Display for TenantState {
     }
 }
 
+/// One word for a replica's current incarnation (`pgtenant.replica_status.state`, control
+/// plane 13 on). Its tenants' states in `lease_status` say the same ([`TenantState`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ReplicaState {
+    /// Registered, its lease session holding the liveness lock, its heartbeat current.
+    Alive,
+    /// Its lease session holds the liveness lock but the heartbeat expired: a paused or starved
+    /// process. (`expired` before control plane 13.)
+    #[serde(alias = "expired")]
+    Stalled,
+    /// Its lease session is gone: the process died or its connection was cut. (`lease session
+    /// gone` before control plane 13.)
+    #[serde(alias = "lease session gone")]
+    Gone,
+    /// A takeover sealed it: it registers again when it runs.
+    Sealed,
+    /// Closed.
+    Released,
+}
+
+impl ReplicaState {
+    /// The name `pgtenant.replica_status.state` uses.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Alive => "alive",
+            ReplicaState::Stalled => "stalled",
+            ReplicaState::Gone => "gone",
+            ReplicaState::Sealed => "sealed",
+            ReplicaState::Released => "released",
+        }
+    }
+}
+
+impl PartialEq<&str> for ReplicaState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl fmt::Display for ReplicaState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The journal's events (`pgtenant.history.event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Journal {

@@ -187,8 +187,8 @@ pub(crate) struct Replica {
     /// When its incarnation was sealed; null before control plane 10.
     pub sealed_at: Option<String>,
     /// One word for its current incarnation (`alive`, `stalled`, `gone`, `sealed`,
-    /// `released`; before control plane 13 `expired` and `lease session gone` for the second
-    /// and third); null before control plane 10.
+    /// `released`; read as these from an older control plane's `expired` and `lease session
+    /// gone`); null before control plane 10.
     pub state: Option<String>,
 }
 
@@ -198,7 +198,7 @@ impl From<&pgtenant::admin::ReplicaStatus> for Replica {
             replica_id: r.replica_id.to_string(),
             alive: r.alive,
             lock_held: r.lock_held,
-            incarnation: r.incarnation,
+            incarnation: r.incarnation.get(),
             tenants_held: r.tenants_held,
             expires_in_ms: r.expires_in_ms,
             backend_pid: r.backend_pid,
@@ -207,7 +207,7 @@ impl From<&pgtenant::admin::ReplicaStatus> for Replica {
             released_at: r.released_at.clone(),
             sessions: Some(r.sessions),
             sealed_at: r.sealed_at.clone(),
-            state: Some(r.state.clone()),
+            state: Some(r.state.to_string()),
         }
     }
 }

@@ -10,11 +10,12 @@ use tokio_postgres::GenericClient;
 use crate::db;
 use crate::error::{Error, Result};
 use crate::id::TenantId;
-use crate::lease::{Epoch, TenantState};
+use crate::lease::{Epoch, Incarnation, TenantState};
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
 
 pub use crate::control_plane::{control_plane_version, supported_version, CONTROL_SCHEMA};
+pub use crate::lease::ReplicaState;
 pub use crate::protocol::sweep::{sweep, SweepOptions, SweepReport};
 
 /// Which tenants [`list_tenants`] returns: filters combine with AND; pages by key.
@@ -74,7 +75,7 @@ pub struct TenantRecord {
     pub owner_alive: Option<bool>,
     /// The incarnation holding the lease, to set beside
     /// [`ReplicaStatus::incarnation`] (None without an owner).
-    pub owner_incarnation: Option<i64>,
+    pub owner_incarnation: Option<Incarnation>,
     /// Milliseconds left on the owner's heartbeat, for `held` and `stalled` tenants (0 when
     /// stalled); None otherwise.
     pub expires_in_ms: Option<i64>,
@@ -82,8 +83,8 @@ pub struct TenantRecord {
     pub schema: Option<String>,
     /// The tenant's migration version.
     pub version: SchemaVersion,
-    /// The highest forgotten epoch (0: never forgotten).
-    pub forgotten_at_epoch: i64,
+    /// The highest forgotten epoch (epoch 0: never forgotten).
+    pub forgotten_at_epoch: Epoch,
     /// Why it is quarantined.
     pub quarantine_cause: Option<String>,
     /// What to do about it.
@@ -306,7 +307,7 @@ pub struct ReplicaStatus {
     /// Its lease session holds its liveness lock.
     pub lock_held: bool,
     /// Its current incarnation.
-    pub incarnation: i64,
+    pub incarnation: Incarnation,
     /// Tenants its current incarnation holds.
     pub tenants_held: i64,
     /// Milliseconds left on its heartbeat (None when it is not alive).
@@ -323,12 +324,9 @@ pub struct ReplicaStatus {
     pub sessions: i64,
     /// When its current incarnation was sealed (UTC, RFC 3339).
     pub sealed_at: Option<String>,
-    /// One word for its current incarnation (control plane 13 on): `alive`; `stalled` (its
-    /// lease session holds the liveness lock but the heartbeat expired: a paused or starved
-    /// process); `gone` (its lease session is gone: the process died or its connection was
-    /// cut); `sealed` (a takeover sealed it: it registers again when it runs); `released`
-    /// (closed). Its tenants' states in `lease_status` say the same ([`TenantState`]).
-    pub state: String,
+    /// One word for its current incarnation (control plane 13 on). Its tenants' states in
+    /// `lease_status` say the same ([`TenantState`]).
+    pub state: ReplicaState,
 }
 
 /// [`fleet_status`] and every replica of `pgtenant.replica_status`, from one pass over the

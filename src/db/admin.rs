@@ -13,7 +13,7 @@ use tokio_postgres::{GenericClient, Row};
 
 use crate::error::{Error, Result};
 use crate::id::TenantId;
-use crate::lease::{Epoch, TenantState};
+use crate::lease::{Epoch, Incarnation, TenantState};
 use crate::replica_id::ReplicaId;
 use crate::schema_version::SchemaVersion;
 
@@ -165,12 +165,12 @@ pub(crate) struct LeaseRow {
     pub(crate) owner_alive: Option<bool>,
     pub(crate) schema: Option<String>,
     pub(crate) version: SchemaVersion,
-    pub(crate) forgotten_at_epoch: i64,
+    pub(crate) forgotten_at_epoch: Epoch,
     pub(crate) quarantine_cause: Option<String>,
     pub(crate) quarantine_repair: Option<String>,
     pub(crate) created_at: String,
     pub(crate) acquired_at: Option<String>,
-    pub(crate) owner_incarnation: Option<i64>,
+    pub(crate) owner_incarnation: Option<Incarnation>,
     pub(crate) expires_in_ms: Option<i64>,
 }
 

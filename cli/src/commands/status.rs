@@ -93,7 +93,7 @@ pub(crate) async fn status_of(
         .map(|r| {
             vec![
                 r.replica_id.to_string(),
-                r.state.clone(),
+                r.state.to_string(),
                 r.incarnation.to_string(),
                 r.tenants_held.to_string(),
                 seconds(r.expires_in_ms),
