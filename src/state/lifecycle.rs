@@ -51,7 +51,7 @@ pub(crate) fn next(state: HandleState, step: Step) -> Option<HandleState> {
 
 /// Why new work was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub(crate) enum NotAdmitted {
     /// Draining: the caller may retry once the tenant is served again, here or elsewhere.
     Draining,
     /// The tenure is over (`released`, `lost`, `forgotten`).
@@ -68,17 +68,17 @@ pub(crate) fn admission(
     state: HandleState,
     incarnation_current: bool,
     within_deadline: bool,
-) -> Result<(), Refusal> {
+) -> Result<(), NotAdmitted> {
     match state {
         HandleState::Serving => {}
-        HandleState::Draining => return Err(Refusal::Draining),
-        ended => return Err(Refusal::Ended(ended_reason(ended))),
+        HandleState::Draining => return Err(NotAdmitted::Draining),
+        ended => return Err(NotAdmitted::Ended(ended_reason(ended))),
     }
     if !incarnation_current {
-        return Err(Refusal::IncarnationGone);
+        return Err(NotAdmitted::IncarnationGone);
     }
     if !within_deadline {
-        return Err(Refusal::Expired);
+        return Err(NotAdmitted::Expired);
     }
     Ok(())
 }
@@ -171,15 +171,15 @@ mod tests {
                 "{state:?}: {admitted:?}"
             );
         }
-        assert_eq!(admission(Draining, true, true), Err(Refusal::Draining));
+        assert_eq!(admission(Draining, true, true), Err(NotAdmitted::Draining));
         assert_eq!(
             admission(Released, true, true),
-            Err(Refusal::Ended("released"))
+            Err(NotAdmitted::Ended("released"))
         );
-        assert_eq!(admission(Lost, true, true), Err(Refusal::Ended("lost")));
+        assert_eq!(admission(Lost, true, true), Err(NotAdmitted::Ended("lost")));
         assert_eq!(
             admission(Forgotten, true, true),
-            Err(Refusal::Ended("forgotten"))
+            Err(NotAdmitted::Ended("forgotten"))
         );
     }
 
@@ -187,16 +187,19 @@ mod tests {
     fn a_serving_lease_refuses_work_once_its_incarnation_or_deadline_is_gone() {
         assert_eq!(
             admission(Serving, false, true),
-            Err(Refusal::IncarnationGone)
+            Err(NotAdmitted::IncarnationGone)
         );
-        assert_eq!(admission(Serving, true, false), Err(Refusal::Expired));
+        assert_eq!(admission(Serving, true, false), Err(NotAdmitted::Expired));
         // The incarnation first: a lost incarnation ends the lease, a passed deadline may not.
         assert_eq!(
             admission(Serving, false, false),
-            Err(Refusal::IncarnationGone)
+            Err(NotAdmitted::IncarnationGone)
         );
         // The state first: a draining or ended lease says so whatever the liveness.
-        assert_eq!(admission(Draining, false, false), Err(Refusal::Draining));
+        assert_eq!(
+            admission(Draining, false, false),
+            Err(NotAdmitted::Draining)
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::schema_version::SchemaVersion;
 use crate::state::affinity::Parking;
 use crate::state::bindings::{Bindings, Mode};
 use crate::state::data_sessions::DataSessions;
-use crate::state::lifecycle::{self, Refusal, Step};
+use crate::state::lifecycle::{self, NotAdmitted, Step};
 use crate::state::liveness::{Liveness, Notice};
 use crate::state::releases::ReleaseQueue;
 use crate::sync::lock;
@@ -473,7 +473,7 @@ impl HeldLease {
         lifecycle::still_admitted(self.state()).map_err(|reason| self.lease_lost(reason))
     }
 
-    fn admission(&self) -> std::result::Result<(), Refusal> {
+    fn admission(&self) -> std::result::Result<(), NotAdmitted> {
         let liveness = &self.replica.liveness;
         lifecycle::admission(
             self.state(),
@@ -487,20 +487,20 @@ impl HeldLease {
         self.replica.dropped.load(Ordering::Acquire)
     }
 
-    fn refuse(self: &Arc<Self>, refusal: Refusal) -> Error {
-        if self.router_dropped() && !matches!(refusal, Refusal::Ended("forgotten")) {
+    fn refuse(self: &Arc<Self>, refusal: NotAdmitted) -> Error {
+        if self.router_dropped() && !matches!(refusal, NotAdmitted::Ended("forgotten")) {
             return Error::RouterClosed;
         }
         match refusal {
-            Refusal::Draining => Error::Draining {
+            NotAdmitted::Draining => Error::Draining {
                 tenant: self.id.clone(),
             },
-            Refusal::Ended(reason) => self.lease_lost(reason),
-            Refusal::IncarnationGone => {
+            NotAdmitted::Ended(reason) => self.lease_lost(reason),
+            NotAdmitted::IncarnationGone => {
                 self.mark_lost("the replica lost its incarnation");
                 self.lease_lost("lost")
             }
-            Refusal::Expired => Error::ExpiredLocally {
+            NotAdmitted::Expired => Error::ExpiredLocally {
                 tenant: self.id.clone(),
                 epoch: self.epoch,
                 stalled: crate::stall::recent().map(|stalled| stalled.0),
