@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use pgtenant::pool::Pool;
 use pgtenant::postgres::types::{ToSql, Type};
-use pgtenant::postgres::{Client, NoTls};
+use pgtenant::postgres::{Client, NoTls, Statement};
 use pgtenant::{Fencing, Router, RouterOptions, TenantHandle, TenantId};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinSet;
@@ -136,14 +136,17 @@ enum Mode {
     Bare,
     /// Unfenced, qualified table, a `FOR SHARE` read of a fencing row per transaction.
     Peer,
+    /// Pinned as above, on a connection of its own per client, no pool: the limit.
+    Direct,
 }
 
-const MODES: [Mode; 5] = [
+const MODES: [Mode; 6] = [
     Mode::Session,
     Mode::Transaction,
     Mode::Pinned,
     Mode::Bare,
     Mode::Peer,
+    Mode::Direct,
 ];
 
 impl Mode {
@@ -154,6 +157,7 @@ impl Mode {
             Mode::Pinned => "pinned",
             Mode::Bare => "bare",
             Mode::Peer => "peer",
+            Mode::Direct => "direct",
         }
     }
 
@@ -207,6 +211,9 @@ struct Sides {
     tpcb_session: Arc<Vec<TenantHandle>>,
     tpcb_transaction: Arc<Vec<TenantHandle>>,
     tpcb_schemas: Arc<Vec<String>>,
+    /// The direct mode's connections, one per client (by client id), each with its pin
+    /// prepared.
+    direct: Arc<Vec<tokio::sync::Mutex<(Client, Statement)>>>,
 }
 
 /// TPC-B's tables, as pgbench creates them (scale 1, with 1 000 accounts per tenant instead of
@@ -417,7 +424,7 @@ struct ThroughputRow {
     variant: Variant,
     clients: usize,
     /// Per mode (in [`MODES`] order), per round.
-    samples: [Vec<Sample>; 5],
+    samples: [Vec<Sample>; 6],
     errors: u64,
 }
 
@@ -543,7 +550,7 @@ async fn bench_clients(
     let mut config: pgtenant::postgres::Config = url.parse().expect("a connection string");
     config.options("-c default_transaction_read_only=on");
     let manager = pgtenant::pool::Manager::from_config(
-        config,
+        config.clone(),
         NoTls,
         pgtenant::pool::ManagerConfig {
             recycling_method: pgtenant::pool::RecyclingMethod::Fast,
@@ -590,7 +597,15 @@ async fn bench_clients(
             tpcb_schemas.push(schema);
         }
     }
+    let mut direct = Vec::new();
+    for _ in 0..clients {
+        let (client, connection) = config.connect(NoTls).await.expect("a direct connection");
+        tokio::spawn(connection);
+        let pin = client.prepare(PIN_SQL).await.expect("prepare the pin");
+        direct.push(tokio::sync::Mutex::new((client, pin)));
+    }
     let sides = Sides {
+        direct: Arc::new(direct),
         tpcb_session: Arc::new(tpcb_session),
         tpcb_transaction: Arc::new(tpcb_transaction),
         tpcb_schemas: Arc::new(tpcb_schemas),
@@ -825,6 +840,22 @@ async fn one_transaction(job: Job, sides: &Sides, client_id: i32, n: i64) -> Res
         Job::Mode(Mode::Transaction, Variant::TpcB) => {
             tpcb_fenced(&sides.tpcb_transaction[client], n).await
         }
+        Job::Mode(Mode::Direct, variant) => {
+            let mut direct = sides.direct[client].lock().await;
+            let (connection, pin) = &mut *direct;
+            let (schema, work) = match variant {
+                Variant::TpcB => (sides.tpcb_schemas[client].as_str(), DirectWork::TpcB),
+                Variant::One | Variant::Four => (
+                    "baseline",
+                    DirectWork::Inserts {
+                        sql: &sides.unqualified,
+                        inserts: if variant == Variant::One { 1 } else { 4 },
+                        client_id,
+                    },
+                ),
+            };
+            direct_tx(connection, pin, schema, work, n).await
+        }
         Job::Mode(mode, Variant::TpcB) => {
             let schema = &sides.tpcb_schemas[client];
             let extra = match mode {
@@ -946,6 +977,55 @@ async fn tpcb_plain(pool: &Pool, schema: &str, extra: Extra, n: i64) -> Result<(
         _ => work.await.map_err(|e| e.to_string())?,
     }
     tx.commit().await.map_err(|e| e.to_string())
+}
+
+/// The pinned transaction on a connection of the client's own: the prepared pin pipelined
+/// ahead of the work, as in the pinned mode, with no pool in between. `tpcb` runs TPC-B's five
+/// statements in the client's schema, else `inserts` INSERTs of `sql`.
+async fn direct_tx(
+    connection: &mut Client,
+    pin: &Statement,
+    schema: &str,
+    work: DirectWork<'_>,
+    n: i64,
+) -> Result<(), String> {
+    let tx = connection
+        .build_transaction()
+        .read_only(false)
+        .start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let params: [&(dyn ToSql + Sync); 1] = [&schema];
+    let done = async {
+        match work {
+            DirectWork::TpcB => tpcb_work(&tx, &tpcb_statements(None), n).await,
+            DirectWork::Inserts {
+                sql,
+                inserts,
+                client_id,
+            } => {
+                for k in 0..inserts {
+                    let n = n * 4 + k;
+                    tx.execute_typed(sql, &[(&client_id, Type::INT4), (&n, Type::INT8)])
+                        .await?;
+                }
+                Ok(())
+            }
+        }
+    };
+    // try_join polls the pin first, so its messages go out ahead of the work's.
+    tokio::try_join!(tx.query(pin, &params), done).map_err(|e| e.to_string())?;
+    tx.commit().await.map_err(|e| e.to_string())
+}
+
+/// What a direct transaction runs.
+enum DirectWork<'a> {
+    TpcB,
+    Inserts {
+        sql: &'a str,
+        inserts: i64,
+        client_id: i32,
+    },
 }
 
 /// What an unfenced transaction sends ahead of its work, in the same flight.
@@ -1449,13 +1529,15 @@ fn summary_lines(
     ] {
         for row in throughput.iter().filter(|r| r.variant == variant) {
             lines.push(format!(
-                "{prefix}: clients={} session/pinned={:.3} transaction/pinned={:.3} bare/pinned={:.3} peer/pinned={:.3} session/peer={:.3} rounds={}",
+                "{prefix}: clients={} session/pinned={:.3} transaction/pinned={:.3} bare/pinned={:.3} peer/pinned={:.3} session/peer={:.3} pinned/direct={:.3} session/direct={:.3} rounds={}",
                 row.clients,
                 row.paired(Mode::Session, Mode::Pinned),
                 row.paired(Mode::Transaction, Mode::Pinned),
                 row.paired(Mode::Bare, Mode::Pinned),
                 row.paired(Mode::Peer, Mode::Pinned),
                 row.paired(Mode::Session, Mode::Peer),
+                row.paired(Mode::Pinned, Mode::Direct),
+                row.paired(Mode::Session, Mode::Direct),
                 row.tps(Mode::Session).len(),
             ));
         }
@@ -1548,8 +1630,9 @@ fn render(
          as any schema-per-tenant application must; **bare** inserts into the fully qualified table; \
          **peer** pipelines a prepared `SELECT range_id FROM baseline.shards WHERE shard_id = $1 FOR \
          SHARE` (one fencing row per shard, shared by every client, as Temporal's shard check) ahead \
-         of the bare INSERT and commits only if it read the expected range_id. Pool size = clients. \
-         {} rounds of {} ms per mode, variant and concurrency, the order of the five modes rotating \
+         of the bare INSERT and commits only if it read the expected range_id; **direct** is pinned \
+         on a connection of each client's own, no pool (the limit a pool can approach). Pool size = \
+         clients. {} rounds of {} ms per mode, variant and concurrency, the order of the six modes rotating \
          every round, after a {} ms warm-up of each. Values are committed tx/s (median over rounds); \
          ratios are ratios of those medians, with the median of the per-round ratios in parentheses. \
          Targets (DESIGN §8): session ≥ 0.97 × pinned with one INSERT; transaction ≥ 0.95 × pinned \
@@ -1562,11 +1645,11 @@ fn render(
         let _ = writeln!(w, "#### {}\n", variant.title());
         let _ = writeln!(
             w,
-            "| clients | session | transaction | pinned | bare | peer | session / pinned | transaction / pinned | bare / pinned | peer / pinned | session / bare | session / peer | target met | failed tx |"
+            "| clients | session | transaction | pinned | bare | peer | direct | session / pinned | transaction / pinned | bare / pinned | peer / pinned | session / bare | session / peer | pinned / direct | target met | failed tx |"
         );
         let _ = writeln!(
             w,
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|"
         );
         for row in throughput.iter().filter(|r| r.variant == variant) {
             let both =
@@ -1581,19 +1664,21 @@ fn render(
             };
             let _ = writeln!(
                 w,
-                "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.clients,
                 row.median_tps(Mode::Session),
                 row.median_tps(Mode::Transaction),
                 row.median_tps(Mode::Pinned),
                 row.median_tps(Mode::Bare),
                 row.median_tps(Mode::Peer),
+                row.median_tps(Mode::Direct),
                 both(Mode::Session, Mode::Pinned),
                 both(Mode::Transaction, Mode::Pinned),
                 both(Mode::Bare, Mode::Pinned),
                 both(Mode::Peer, Mode::Pinned),
                 both(Mode::Session, Mode::Bare),
                 both(Mode::Session, Mode::Peer),
+                both(Mode::Pinned, Mode::Direct),
                 match variant {
                     Variant::One => format!("session: {}", yes(met)),
                     Variant::Four => format!("transaction: {}", yes(met)),
@@ -1610,11 +1695,11 @@ fn render(
         );
         let _ = writeln!(
             w,
-            "| clients | client: session | transaction | pinned | bare | peer | server: session | transaction | pinned | bare | peer | server pinned / session |"
+            "| clients | client: session | transaction | pinned | bare | peer | direct | server: session | transaction | pinned | bare | peer | direct | server pinned / session |"
         );
         let _ = writeln!(
             w,
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for row in throughput.iter().filter(|r| r.variant == variant) {
             let cpu = |mode: Mode, server: bool| {
