@@ -675,7 +675,7 @@ struct HygieneDefs {
     enter_off: String,
 }
 
-const FENCE_SIGNATURE: &str = "pgtenant.fence(text, bigint, integer, text)";
+const FENCE_SIGNATURE: &str = "pgtenant.fence(text,bigint,integer,text,boolean,boolean)";
 const ENTER_SIGNATURE: &str = "pgtenant.enter(text, text)";
 
 impl HygieneDefs {
@@ -722,10 +722,12 @@ impl HygieneDefs {
 }
 
 /// The function definition without its hygiene block: `IF <the connection changed tenant or
-/// role> THEN PERFORM pgtenant.reset_session(p_key); END IF;`.
+/// role> THEN PERFORM pgtenant.reset_session(p_key); END IF;` (the fence's since V14: `IF NOT
+/// p_signalled AND (<the same>) THEN …`).
 fn without_scrub(def: &str) -> String {
     let start = def
-        .find("IF pg_catalog.current_setting('pgtenant.session_tenant'")
+        .find("IF NOT p_signalled AND (")
+        .or_else(|| def.find("IF pg_catalog.current_setting('pgtenant.session_tenant'"))
         .expect("the scrub's condition");
     let reset = start
         + def[start..]

@@ -18,7 +18,14 @@
 #   pin_signal: the session-fencing hot path since V9 on a connection that reports the
 #     transaction signal: the pin plus `default_transaction_read_only` off for the transaction,
 #     the INSERT, COMMIT;
-#   fence_signalled: transaction fencing since V9 (`pgtenant.fence_signalled`), the INSERT, COMMIT;
+#   fence_signalled: transaction fencing since V9 (since V14 the one `pgtenant.fence` with
+#     `signalled` true), the INSERT, COMMIT;
+#   pin_fenced: pin_signal plus the commit check's setting (`pgtenant.fenced` on), what the pin
+#     sends since V11; pin_check: that, and the commit check before COMMIT (`SELECT
+#     current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction`): the session-fencing
+#     hot path as the library sends it since V11; fence_check: fence_signalled with the check,
+#     transaction fencing's hot path since V11; tpcb_session_check, tpcb_fence_check: the same
+#     around TPC-B;
 #   tpcb_pinned, tpcb_session, tpcb_enter, tpcb_fence, tpcb_fence_signalled: pgbench's TPC-B
 #     transaction (five statements, in the tenant schema) after the pin, pin_signal, enter (with
 #     the CLOSE), fence (with the CLOSE) and fence_signalled; compare them with tpcb_pinned.
@@ -97,13 +104,18 @@ printf "BEGIN;\nSELECT set_config('search_path', 't_o_l_1', true);\n%s\nCOMMIT;\
 for f in empty lock_only read_only; do
     printf "BEGIN;\nSELECT public.%s('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$f" "$lock_key" "$qualified" >"$dir/$f.sql"
 done
-printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence.sql"
+printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000', false, false);\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence.sql"
 for f in pin_plpgsql enter_no_cursor enter_sql; do
     printf "BEGIN;\nSELECT public.%s('o/l', 't_o_l_1');\n%s\nCOMMIT;\n" "$f" "$insert" >"$dir/$f.sql"
 done
 printf "BEGIN;\nSELECT pgtenant.enter('o/l', 't_o_l_1');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$insert" >"$dir/enter.sql"
 printf "BEGIN;\nSELECT set_config('search_path', 't_o_l_1, pg_temp', true), set_config('default_transaction_read_only', 'off', true);\n%s\nCOMMIT;\n" "$insert" >"$dir/pin_signal.sql"
-printf "BEGIN;\nSELECT pgtenant.fence_signalled('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence_signalled.sql"
+printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000', false, true);\n%s\nCOMMIT;\n" "$lock_key" "$insert" >"$dir/fence_signalled.sql"
+pin_fenced="SELECT set_config('search_path', 't_o_l_1, pg_temp', true), set_config('default_transaction_read_only', 'off', true), set_config('pgtenant.fenced', 'on', true);"
+check="SELECT pg_catalog.current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction;"
+printf "BEGIN;\n%s\n%s\nCOMMIT;\n" "$pin_fenced" "$insert" >"$dir/pin_fenced.sql"
+printf "BEGIN;\n%s\n%s\n%s\nCOMMIT;\n" "$pin_fenced" "$insert" "$check" >"$dir/pin_check.sql"
+printf "BEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000', false, true);\n%s\n%s\nCOMMIT;\n" "$lock_key" "$insert" "$check" >"$dir/fence_check.sql"
 tpcb='\set aid random(1, 10000)
 \set bid random(1, 32)
 \set tid random(1, 320)
@@ -116,8 +128,10 @@ INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :a
 printf "%s\nBEGIN;\nSELECT set_config('search_path', 't_o_l_1', true);\n%s\nCOMMIT;\n" "$tpcb" "$tpcb_body" >"$dir/tpcb_pinned.sql"
 printf "%s\nBEGIN;\nSELECT set_config('search_path', 't_o_l_1, pg_temp', true), set_config('default_transaction_read_only', 'off', true);\n%s\nCOMMIT;\n" "$tpcb" "$tpcb_body" >"$dir/tpcb_session.sql"
 printf "%s\nBEGIN;\nSELECT pgtenant.enter('o/l', 't_o_l_1');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$tpcb" "$tpcb_body" >"$dir/tpcb_enter.sql"
-printf "%s\nBEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000');\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" >"$dir/tpcb_fence.sql"
-printf "%s\nBEGIN;\nSELECT pgtenant.fence_signalled('o/l', 1, %s, '10000');\n%s\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" >"$dir/tpcb_fence_signalled.sql"
+printf "%s\nBEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000', false, false);\n%s\nCLOSE pgtenant_fenced;\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" >"$dir/tpcb_fence.sql"
+printf "%s\nBEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000', false, true);\n%s\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" >"$dir/tpcb_fence_signalled.sql"
+printf "%s\nBEGIN;\n%s\n%s\n%s\nCOMMIT;\n" "$tpcb" "$pin_fenced" "$tpcb_body" "$check" >"$dir/tpcb_session_check.sql"
+printf "%s\nBEGIN;\nSELECT pgtenant.fence('o/l', 1, %s, '10000', false, true);\n%s\n%s\nCOMMIT;\n" "$tpcb" "$lock_key" "$tpcb_body" "$check" >"$dir/tpcb_fence_check.sql"
 read -r -a variants <<<"${VARIANTS:-plain select_1 empty lock_only read_only search_path fence pin_plpgsql enter_no_cursor enter}"
 
 client_cpu=()
