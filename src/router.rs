@@ -219,7 +219,7 @@ impl Router {
             .get()
             .await
             .map_err(pool_error("get a data connection outside any tenant"))?;
-        db::sessions::reset_session(&client)
+        db::sessions::reset_session(&**client)
             .await
             .map_err(Error::db(
                 "reset a data connection for work outside any tenant",

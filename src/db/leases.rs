@@ -183,6 +183,54 @@ pub(crate) struct AcquireBounds {
     pub(crate) terminate_ms: i64,
 }
 
+/// `pgtenant.acquire`'s arguments, one list for both ways in.
+struct AcquireArgs<'a> {
+    key: &'a str,
+    organization: &'a str,
+    ledger: &'a str,
+    credentials: &'a Credentials,
+    secret: &'a str,
+    incarnation: i64,
+    create: bool,
+    bounds: &'a AcquireBounds,
+}
+
+impl<'a> AcquireArgs<'a> {
+    fn new(
+        id: &'a TenantId,
+        credentials: &'a Credentials,
+        create: bool,
+        bounds: &'a AcquireBounds,
+    ) -> Self {
+        AcquireArgs {
+            key: id.key(),
+            organization: id.organization(),
+            ledger: id.ledger(),
+            credentials,
+            secret: credentials.secret(),
+            incarnation: credentials.incarnation.get(),
+            create,
+            bounds,
+        }
+    }
+
+    /// In the function's order.
+    fn params(&self) -> [(&(dyn ToSql + Sync), Type); 10] {
+        [
+            (&self.key, Type::TEXT),
+            (&self.organization, Type::TEXT),
+            (&self.ledger, Type::TEXT),
+            (&self.credentials.replica, Type::TEXT),
+            (&self.incarnation, Type::INT8),
+            (&self.secret, Type::TEXT),
+            (&self.create, Type::BOOL),
+            (&self.bounds.grace_ms, Type::INT4),
+            (&self.bounds.wait_ms, Type::INT4),
+            (&self.bounds.terminate_ms, Type::INT8),
+        ]
+    }
+}
+
 /// `pgtenant.acquire` for an existing tenant (`create` false) or a new one, in its own
 /// transaction: one round trip. `Ok(None)` only if the function returned no row.
 pub(crate) async fn acquire(
@@ -192,25 +240,8 @@ pub(crate) async fn acquire(
     create: bool,
     bounds: &AcquireBounds,
 ) -> std::result::Result<Option<Acquisition>, tokio_postgres::Error> {
-    let (key, organization, ledger) = (id.key(), id.organization(), id.ledger());
-    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let rows = crate::db::call(
-        client,
-        ACQUIRE_SQL,
-        &[
-            (&key, Type::TEXT),
-            (&organization, Type::TEXT),
-            (&ledger, Type::TEXT),
-            (&credentials.replica, Type::TEXT),
-            (&incarnation, Type::INT8),
-            (&secret, Type::TEXT),
-            (&create, Type::BOOL),
-            (&bounds.grace_ms, Type::INT4),
-            (&bounds.wait_ms, Type::INT4),
-            (&bounds.terminate_ms, Type::INT8),
-        ],
-    )
-    .await?;
+    let args = AcquireArgs::new(id, credentials, create, bounds);
+    let rows = crate::db::call(client, ACQUIRE_SQL, &args.params()).await?;
     Acquisition::read(&rows)
 }
 
@@ -225,24 +256,11 @@ pub(crate) async fn acquire_to_create(
     std::result::Result<(), tokio_postgres::Error>,
     std::result::Result<Option<Acquisition>, tokio_postgres::Error>,
 ) {
-    let (key, organization, ledger) = (id.key(), id.organization(), id.ledger());
-    let (secret, incarnation) = (credentials.secret(), credentials.incarnation.get());
-    let create = true;
-    let params: [(&(dyn ToSql + Sync), Type); 10] = [
-        (&key, Type::TEXT),
-        (&organization, Type::TEXT),
-        (&ledger, Type::TEXT),
-        (&credentials.replica, Type::TEXT),
-        (&incarnation, Type::INT8),
-        (&secret, Type::TEXT),
-        (&create, Type::BOOL),
-        (&bounds.grace_ms, Type::INT4),
-        (&bounds.wait_ms, Type::INT4),
-        (&bounds.terminate_ms, Type::INT8),
-    ];
+    let args = AcquireArgs::new(id, credentials, true, bounds);
+    let params = args.params();
     // join! polls in order, and each request goes on the wire at its first poll.
     let (scrubbed, acquired) = tokio::join!(
-        tx.batch_execute("SELECT pgtenant.reset_session(NULL)"),
+        crate::db::sessions::reset_session(tx),
         tx.query_typed(ACQUIRE_SQL, &params),
     );
     (scrubbed, acquired.and_then(|rows| Acquisition::read(&rows)))

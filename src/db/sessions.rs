@@ -106,9 +106,11 @@ pub(crate) async fn terminate_work(
     .map(drop)
 }
 
-/// `pgtenant.reset_session(NULL)` outside any transaction: the session as a fresh one, serving
-/// no tenant, so the next fence on it scrubs it again.
-pub(crate) async fn reset_session(client: &Client) -> Result<(), tokio_postgres::Error> {
+/// `pgtenant.reset_session(NULL)`: the session as a fresh one, serving no tenant, so the next
+/// fence on it scrubs it again (outside a transaction, or first in one that also acquires).
+pub(crate) async fn reset_session(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<(), tokio_postgres::Error> {
     client
         .batch_execute("SELECT pgtenant.reset_session(NULL)")
         .await
