@@ -32,13 +32,18 @@ pub const INSTALL_CITUS_HINT: &str =
 pub const DEFAULT_WORKERS: usize = 2;
 
 /// Server settings every Citus node starts with (after the test kit's own).
-const NODE_SETTINGS: [(&str, &str); 4] = [
+const NODE_SETTINGS: [(&str, &str); 5] = [
     ("shared_preload_libraries", "citus"),
     ("max_prepared_transactions", "100"),
     // citus_schema_move / citus_move_shard_placement copy shards online by logical replication.
     ("wal_level", "logical"),
     // The cluster-wide default of citus-cluster.sh: whoever creates a schema decides.
     ("citus.enable_schema_based_sharding", "off"),
+    // A node reaches itself (the shard cleaner after citus_schema_move, among others) at
+    // citus.local_hostname, `localhost` by default. The nodes listen on 127.0.0.1 only; where
+    // `localhost` resolves to ::1 first, that reached whatever else had the port there (a CI
+    // run failed a move on "server does not support SSL" from such a server).
+    ("citus.local_hostname", "127.0.0.1"),
 ];
 
 /// Whether the machine's PostgreSQL has the Citus extension: `Ok(())`, or why not.
