@@ -122,6 +122,15 @@ impl Variant {
             }
         }
     }
+
+    /// Its name in machine-readable lines.
+    fn name(self) -> &'static str {
+        match self {
+            Variant::One => "one",
+            Variant::Four => "four",
+            Variant::TpcB => "tpcb",
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -368,18 +377,17 @@ async fn main() {
         hygiene.push(row);
         loads.push(("after throughput", load_average()));
     }
-    if throughput_only {
-        for line in summary_lines(&throughput, &hygiene, &[]) {
-            println!("{line}");
-        }
-        return;
-    }
-    eprintln!("[bench] part 3: takeover");
-    let takeover = bench_takeover(&cfg, &url, &admin).await;
-    loads.push(("after takeover", load_average()));
-    eprintln!("[bench] part 4: heartbeat");
-    let heartbeat = bench_heartbeat(&cfg, &url, &admin).await;
-    loads.push(("end", load_average()));
+    let (takeover, heartbeat) = if throughput_only {
+        (Vec::new(), None)
+    } else {
+        eprintln!("[bench] part 3: takeover");
+        let takeover = bench_takeover(&cfg, &url, &admin).await;
+        loads.push(("after takeover", load_average()));
+        eprintln!("[bench] part 4: heartbeat");
+        let heartbeat = bench_heartbeat(&cfg, &url, &admin).await;
+        loads.push(("end", load_average()));
+        (Vec::from(takeover), Some(heartbeat))
+    };
 
     let wall = started.elapsed();
     let report = render(
@@ -389,7 +397,7 @@ async fn main() {
         &throughput,
         &hygiene,
         &takeover,
-        &heartbeat,
+        heartbeat.as_ref(),
         wall,
     );
     println!("{report}");
@@ -445,6 +453,16 @@ impl ThroughputRow {
     /// Median of the per-round ratios (the two modes ran next to each other in each round).
     fn paired(&self, a: Mode, b: Mode) -> f64 {
         paired(&self.tps(a), &self.tps(b))
+    }
+
+    /// Median CPU µs per committed transaction of `mode`: the server's or this process's.
+    fn cpu(&self, mode: Mode, server: bool) -> f64 {
+        median(
+            &self.samples[mode.index()]
+                .iter()
+                .map(|s| if server { s.server_us } else { s.client_us })
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -1544,6 +1562,23 @@ fn summary_lines(
             ));
         }
     }
+    // CPU µs per committed transaction, per mode: this process (pgtenant, the pool and the
+    // driver; session or transaction − pinned is pgtenant's own, pinned − direct the pool's)
+    // and the server.
+    for row in throughput {
+        for (side, server) in [("client_us", false), ("server_us", true)] {
+            lines.push(format!(
+                "fence-bench-cpu: variant={} clients={} {side} {}",
+                row.variant.name(),
+                row.clients,
+                MODES
+                    .iter()
+                    .map(|m| format!("{}={:.0}", m.name(), row.cpu(*m, server)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
+    }
     for row in hygiene {
         lines.push(format!(
             "hygiene-bench: clients={} session={:.3} transaction={:.3} session-switching={:.3} transaction-switching={:.3}",
@@ -1574,7 +1609,7 @@ fn render(
     throughput: &[ThroughputRow],
     hygiene: &[HygieneRow],
     takeover: &[TakeoverResult],
-    heartbeat: &HeartbeatResult,
+    heartbeat: Option<&HeartbeatResult>,
     wall: Duration,
 ) -> String {
     let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -1623,9 +1658,11 @@ fn render(
         w,
         "Each transaction: BEGIN; one (A) or four (B) `INSERT INTO <table> (client_id, n) VALUES ($1, $2)` \
          sent with `execute_typed`; COMMIT. **session**: `TenantHandle::run` on a router with \
-         `Fencing::Session` (`BEGIN READ WRITE`, `SELECT pgtenant.enter(key, schema)` pipelined ahead of \
-         the work, `CLOSE pgtenant_fenced; COMMIT`). **transaction**: the same on a router with \
-         `Fencing::Transaction` (`pgtenant.fence(key, epoch, lock, idle)` instead of enter). The \
+         `Fencing::Session` (`BEGIN READ WRITE`, the pin — `set_config` of `search_path`, read-write \
+         and the commit check's setting, the statement pinned does with one setting — pipelined \
+         ahead of the work, the commit check and `COMMIT` in one message). **transaction**: the same on \
+         a router with `Fencing::Transaction` (`pgtenant.fence(key, epoch, lock, idle, read_only, \
+         signalled)` instead of the pin). The \
          unfenced modes run on the transaction router's data pool (given to it with `RouterOptions::pool`, same size, \
          same connections, `BEGIN READ WRITE`): **pinned** pipelines a prepared \
          `set_config('search_path', 'baseline', true)` ahead of the INSERT into an unqualified table, \
@@ -1704,14 +1741,7 @@ fn render(
             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for row in throughput.iter().filter(|r| r.variant == variant) {
-            let cpu = |mode: Mode, server: bool| {
-                median(
-                    &row.samples[mode.index()]
-                        .iter()
-                        .map(|s| if server { s.server_us } else { s.client_us })
-                        .collect::<Vec<_>>(),
-                )
-            };
+            let cpu = |mode: Mode, server: bool| row.cpu(mode, server);
             let mut line = format!("| {} |", row.clients);
             for server in [false, true] {
                 for mode in MODES {
@@ -1741,6 +1771,10 @@ fn render(
     }
 
     render_hygiene(w, cfg, hygiene);
+    // `--throughput-only` ran parts 1 and 2 alone.
+    let Some(heartbeat) = heartbeat else {
+        return out;
+    };
 
     let _ = writeln!(
         w,

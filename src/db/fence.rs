@@ -1,8 +1,8 @@
 //! The fence (DESIGN §5 "Fenced transaction", "Data sessions and session fencing"): the
 //! statements that enter a tenant's transaction under its lease's epoch, the session-fencing
-//! entry, the session reset, and the commit check. The hot path: each call sends at its first
-//! poll, so a caller pipelines it with the work's first statement or with `COMMIT` by polling
-//! both in one `join!`.
+//! entry, the session reset, and the checked commit. The hot path: each call sends at its first
+//! poll, so a caller pipelines the entry with the work's first statement by polling both in
+//! one `join!`.
 
 use deadpool_postgres::ClientWrapper;
 use tokio_postgres::types::{ToSql, Type};
@@ -35,12 +35,16 @@ const PIN_SQL: &str = "SELECT pg_catalog.set_config('search_path', $1, true), \
                        pg_catalog.set_config('default_transaction_read_only', 'off', true), \
                        pg_catalog.set_config('pgtenant.fenced', 'on', true)";
 const PIN_TYPES: [Type; 1] = [Type::TEXT];
-/// The commit check, sent in the same flight as `COMMIT`: every entry sets `pgtenant.fenced`
-/// for its own transaction only, so once anything ended that transaction the setting is gone
-/// and the cast fails (check violation, [`ENDED_CONSTRAINT`]); in a transaction the work left
-/// aborted it fails too (25P02). Either way the `COMMIT` behind it commits nothing.
-const CHECK_SQL: &str =
-    "SELECT pg_catalog.current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction";
+/// The commit check and `COMMIT`, one simple-query message: every entry sets
+/// `pgtenant.fenced` for its own transaction only, so once anything ended that transaction the
+/// setting is gone and the cast fails (check violation, [`ENDED_CONSTRAINT`]); in a transaction
+/// the work left aborted it fails too (25P02). Either way the server skips the rest of the
+/// message: the `COMMIT` behind it never runs. One message, not a prepared check pipelined
+/// ahead of `COMMIT`: the server flushes its replies once instead of twice, so the client
+/// wakes once per commit (measured with examples/client_cost.rs, #29).
+const COMMIT_CHECKED_SQL: &str =
+    "SELECT pg_catalog.current_setting('pgtenant.fenced', true)::pgtenant.fenced_transaction; \
+     COMMIT";
 /// The session reset, pipelined ahead of the entry when the connection changes tenant.
 const RESET_SQL: &str = "SELECT pgtenant.reset_session($1)";
 
@@ -57,8 +61,6 @@ pub(crate) enum Form {
     Enter,
     /// The pin: session fencing on a connection that reports the transaction signal.
     Pin,
-    /// The commit check.
-    Check,
 }
 
 impl Form {
@@ -67,7 +69,6 @@ impl Form {
             Form::Fence => FENCE_SQL,
             Form::Enter => ENTER_SQL,
             Form::Pin => PIN_SQL,
-            Form::Check => CHECK_SQL,
         }
     }
 
@@ -76,7 +77,6 @@ impl Form {
             Form::Fence => &FENCE_TYPES,
             Form::Enter => &ENTER_TYPES,
             Form::Pin => &PIN_TYPES,
-            Form::Check => &[],
         }
     }
 }
@@ -155,7 +155,9 @@ pub(crate) async fn reset_session(tx: &Transaction<'_>, key: &str) -> Result<(),
         .map(drop)
 }
 
-/// The commit check: fails once anything ended the fenced transaction, or left it aborted.
-pub(crate) async fn check(tx: &Transaction<'_>, prepared: Option<&Statement>) -> Result<(), Error> {
-    send(tx, Form::Check, prepared, &[]).await
+/// The commit check and `COMMIT`: fails, committing nothing, once anything ended the fenced
+/// transaction or left it aborted; then the transaction is aborted and still open, or none is
+/// open, and a `ROLLBACK` ends what is left. Fails too when `COMMIT` does (rolled back).
+pub(crate) async fn commit_checked(tx: &Transaction<'_>) -> Result<(), Error> {
+    tx.batch_execute(COMMIT_CHECKED_SQL).await
 }

@@ -1,11 +1,11 @@
 //! Fenced transactions (DESIGN §5 "Fenced transaction", "Data sessions and session fencing"):
 //! `BEGIN READ WRITE`, the entry (the fence, or under session fencing the pin), the work, then
-//! the commit check and `COMMIT`.
+//! the commit check and `COMMIT` in one message.
 //!
 //! The fence refuses a stale, released or forgotten epoch inside PostgreSQL; under session
 //! fencing the connection's binding does (`session_fencing/`). Every entry sets the
-//! transaction-local `pgtenant.fenced`, and the commit sends, in the same flight as `COMMIT`,
-//! a check that fails once anything ended the transaction the entry began (the work's own
+//! transaction-local `pgtenant.fenced`, and the commit sends, in the same message as `COMMIT`
+//! and ahead of it, a check that fails once anything ended the transaction the entry began (the work's own
 //! COMMIT, ROLLBACK or PREPARE TRANSACTION, whatever it did to session characteristics): then
 //! nothing after that point commits and `run` reports [`Error::TransactionEnded`]. A work that
 //! left its transaction aborted (it swallowed a statement's error) fails the check too instead
@@ -101,15 +101,14 @@ impl Entry {
     }
 }
 
-/// An entry and the commit check, prepared for this connection, and what its `BEGIN` says.
+/// An entry, prepared for this connection, and what its `BEGIN` says.
 struct Entered {
     entry: Entry,
-    check: Option<Statement>,
     characteristics: crate::wire::Characteristics,
 }
 
 /// Prepares this connection's entry: the fence, or the binding (once per connection and
-/// incarnation) and the enter statement; and the commit check. Statements are prepared once per
+/// incarnation) and the enter statement. Statements are prepared once per
 /// pooled connection (the server then neither parses nor plans them), or sent unnamed behind a
 /// pooler that keeps no prepared statements.
 async fn entry(
@@ -151,10 +150,8 @@ async fn entry(
             reset: signalled && entered.reset,
         },
     };
-    let check = prepared(client, cached, Form::Check, "prepare the commit check").await?;
     Ok(Entered {
         entry,
-        check,
         characteristics: entered.characteristics,
     })
 }
@@ -320,45 +317,35 @@ fn entry_failed(
     error
 }
 
-/// Commits, behind the commit check in the same flight, within the stuck bound. The session is
-/// settled once both replies were read: the transaction is over, whatever they say.
-async fn commit(
-    handle: &HeldLease,
-    tx: Transaction<'_>,
-    check: Option<&Statement>,
-    state: &mut SessionState,
-) -> Result<()> {
+/// Commits, behind the commit check in the same message, within the stuck bound. The session
+/// is settled once the reply was read: nothing sent can commit any more, whatever it says.
+async fn commit(handle: &HeldLease, tx: Transaction<'_>, state: &mut SessionState) -> Result<()> {
     let bound = handle.replica.options.stuck_timeout;
-    let checked = fence::check(&tx, check);
-    // join! polls in order, and each request goes on the wire at its first poll: the check
-    // runs first, and a failed check leaves the transaction aborted, so the COMMIT behind it
-    // ends it without committing anything.
-    let replies = tokio::time::timeout(bound, async {
-        tokio::join!(checked, tx.batch_execute("COMMIT"))
-    })
-    .await;
-    let Ok((checked, committed)) = replies else {
+    let Ok(committed) = tokio::time::timeout(bound, fence::commit_checked(&tx)).await else {
         state.stuck = true;
         return Err(Error::stuck("commit tenant work", bound));
     };
-    if let Err(error) = committed {
-        // A COMMIT the server refused ended the transaction (rolled back); one whose reply never
-        // came (the connection broke) has a fate unknown: the session then settles, or its
-        // backend is terminated, before the work stops counting.
-        if error.as_db_error().is_some() {
+    match committed {
+        Ok(()) => {
+            // Answered: the driver's transaction must not send its ROLLBACK on drop (it holds
+            // only a borrow of the connection, so forgetting it leaks nothing).
             std::mem::forget(tx);
             state.settled();
+            Ok(())
         }
-        return Err(match checked {
-            Err(check) => ended_or_failed(handle, check),
-            Ok(()) => Error::db("commit tenant work")(error),
-        });
+        Err(error) if error.as_db_error().is_some() => {
+            // The check failed (the server skipped the COMMIT behind it: the transaction is
+            // aborted and open, or none is) or COMMIT did (rolled back). The driver's
+            // transaction queues its ROLLBACK as it drops, ending whatever is left, ahead of
+            // anything later on the connection.
+            drop(tx);
+            state.settled();
+            Err(ended_or_failed(handle, error))
+        }
+        // The reply never came (the connection broke): the fate is unknown, so the session
+        // settles, or its backend is terminated, before the work stops counting.
+        Err(error) => Err(Error::db("commit tenant work")(error)),
     }
-    // Answered: the driver's transaction must not send its ROLLBACK on drop (it holds only a
-    // borrow of the connection, so forgetting it leaks nothing).
-    std::mem::forget(tx);
-    state.settled();
-    checked.map_err(|check| ended_or_failed(handle, check))
 }
 
 /// What a failed commit check means: the work ended the fenced transaction itself, or left it
@@ -442,7 +429,7 @@ where
         return Err(entry_failed(handle, error, state).into());
     }
     let value = outcome?;
-    commit(handle, tx, entered.check.as_ref(), state).await?;
+    commit(handle, tx, state).await?;
     retire_if_spent(handle, object_id, state);
     Ok(value)
 }
@@ -553,7 +540,6 @@ impl TenantConnection {
             handle: session_handle,
             state,
             object: object_id,
-            check: entered.check,
             commit_sent: false,
         })
     }
@@ -574,7 +560,6 @@ pub struct TenantTransaction<'c> {
     handle: &'c Arc<HeldLease>,
     state: &'c mut SessionState,
     object: deadpool_postgres::ObjectId,
-    check: Option<Statement>,
     /// `COMMIT` may be on the wire: if this guard is dropped before its reply, the work keeps
     /// counting in flight until the connection answers.
     commit_sent: bool,
@@ -627,7 +612,7 @@ impl TenantTransaction<'_> {
         };
         self.commit_sent = true;
         let handle = self.handle;
-        commit(handle, tx, self.check.as_ref(), self.state).await?;
+        commit(handle, tx, self.state).await?;
         // A guard's connection serves one tenant: closed when the guard drops if it is spent.
         retire_if_spent(handle, self.object, self.state);
         Ok(())
