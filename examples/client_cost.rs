@@ -155,11 +155,16 @@ async fn measure(sides: &mut Sides, mode: &str, transactions: i64, base: i64) ->
     for n in 0..transactions {
         one(sides, mode, base + n).await;
     }
+    // Read before `usage`, which allocates.
+    let (allocations1, bytes1) = (
+        ALLOCATIONS.load(Ordering::Relaxed),
+        BYTES.load(Ordering::Relaxed),
+    );
     let (cpu1, server1, switches1) = usage(sides.postmaster);
     let per = |d: f64| d / transactions as f64;
     Cost {
-        allocations: per((ALLOCATIONS.load(Ordering::Relaxed) - allocations0) as f64),
-        bytes: per((BYTES.load(Ordering::Relaxed) - bytes0) as f64),
+        allocations: per((allocations1 - allocations0) as f64),
+        bytes: per((bytes1 - bytes0) as f64),
         switches: per((switches1 - switches0) as f64),
         cpu_us: per((cpu1 - cpu0) * 1e6),
         server_us: per((server1 - server0) * 1e6),

@@ -66,6 +66,11 @@ impl Parking {
     /// Parks `object`, clean for `tenant`; a connection it displaces (the tenant's previous
     /// one, or the least recently parked past the cap) goes back to the pool.
     pub(crate) fn park(&self, tenant: Arc<str>, object: Object) {
+        if self.cap == 0 {
+            // A pool of one parks nothing: straight back to the pool, no lock, no allocation.
+            drop(object);
+            return;
+        }
         let displaced = {
             let mut parked = lock(&self.parked);
             let mut displaced = Vec::new();
