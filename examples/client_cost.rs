@@ -1,6 +1,6 @@
 //! What one transaction costs this process, by mode (issue #29): heap allocations, bytes
-//! allocated, voluntary context switches, and this process's and the server's CPU µs per
-//! committed one-INSERT transaction,
+//! allocated, voluntary context switches, this process's and the server's CPU µs and the
+//! latency per committed one-INSERT transaction,
 //! under session fencing, transaction fencing, pinned through a deadpool pool (what a user
 //! writes without pgtenant) and pinned on a connection of its own (the driver alone). One
 //! client on a current-thread runtime, so every count is this transaction's own work, not
@@ -9,7 +9,7 @@
 //! `cargo run --release --example client_cost` (PostgreSQL as for the other benchmarks);
 //! `-- --transactions=N` per mode and round (default 5000), `-- --rounds=N` (default 5).
 //! Ends with machine-readable lines (`client-cost: mode=… allocs=… bytes=… csw=… cpu_us=…
-//! server_us=…`).
+//! server_us=… latency_us=…`).
 
 // A counting global allocator is the one way to count a transaction's allocations without
 // another dependency; its unsafe methods only pass each call on to the system allocator.
@@ -84,6 +84,8 @@ struct Cost {
     switches: f64,
     cpu_us: f64,
     server_us: f64,
+    /// Wall-clock µs per transaction: with one client, its latency.
+    wall_us: f64,
 }
 
 struct Sides {
@@ -142,12 +144,13 @@ async fn pinned(client: &mut Client, pin: &Statement, schema: &str, n: i64) {
     let row: [(&(dyn pgtenant::postgres::types::ToSql + Sync), Type); 2] =
         [(&1_i32, Type::INT4), (&n, Type::INT8)];
     tokio::try_join!(tx.query(pin, &params), tx.execute_typed(INSERT, &row))
-    .expect("pin and insert");
+        .expect("pin and insert");
     tx.commit().await.expect("commit");
 }
 
 async fn measure(sides: &mut Sides, mode: &str, transactions: i64, base: i64) -> Cost {
     let (cpu0, server0, switches0) = usage(sides.postmaster);
+    let started = std::time::Instant::now();
     let (allocations0, bytes0) = (
         ALLOCATIONS.load(Ordering::Relaxed),
         BYTES.load(Ordering::Relaxed),
@@ -155,6 +158,7 @@ async fn measure(sides: &mut Sides, mode: &str, transactions: i64, base: i64) ->
     for n in 0..transactions {
         one(sides, mode, base + n).await;
     }
+    let wall = started.elapsed();
     // Read before `usage`, which allocates.
     let (allocations1, bytes1) = (
         ALLOCATIONS.load(Ordering::Relaxed),
@@ -168,6 +172,7 @@ async fn measure(sides: &mut Sides, mode: &str, transactions: i64, base: i64) ->
         switches: per((switches1 - switches0) as f64),
         cpu_us: per((cpu1 - cpu0) * 1e6),
         server_us: per((server1 - server0) * 1e6),
+        wall_us: per(wall.as_secs_f64() * 1e6),
     }
 }
 
@@ -185,8 +190,10 @@ async fn handle(url: &str, name: &str, fencing: Fencing) -> TenantHandle {
     handle
         .run(|tx| {
             Box::pin(async move {
-                tx.batch_execute("CREATE TABLE tput (client_id integer NOT NULL, n bigint NOT NULL)")
-                    .await?;
+                tx.batch_execute(
+                    "CREATE TABLE tput (client_id integer NOT NULL, n bigint NOT NULL)",
+                )
+                .await?;
                 Ok::<_, pgtenant::Error>(())
             })
         })
@@ -263,9 +270,9 @@ async fn main() {
          {rounds} rounds of {transactions}:\n"
     );
     println!(
-        "| mode | allocations | bytes allocated | voluntary context switches | client CPU µs | server CPU µs |"
+        "| mode | allocations | bytes allocated | voluntary context switches | client CPU µs | server CPU µs | latency µs |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let medians: Vec<Cost> = costs
         .iter()
         .map(|c| {
@@ -276,20 +283,21 @@ async fn main() {
                 switches: of(|c| c.switches),
                 cpu_us: of(|c| c.cpu_us),
                 server_us: of(|c| c.server_us),
+                wall_us: of(|c| c.wall_us),
             }
         })
         .collect();
     for (mode, c) in MODES.iter().zip(&medians) {
         println!(
-            "| {mode} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} |",
-            c.allocations, c.bytes, c.switches, c.cpu_us, c.server_us
+            "| {mode} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} | {:.0} |",
+            c.allocations, c.bytes, c.switches, c.cpu_us, c.server_us, c.wall_us
         );
     }
     println!();
     for (mode, c) in MODES.iter().zip(&medians) {
         println!(
-            "client-cost: mode={mode} allocs={:.1} bytes={:.0} csw={:.2} cpu_us={:.1} server_us={:.1}",
-            c.allocations, c.bytes, c.switches, c.cpu_us, c.server_us
+            "client-cost: mode={mode} allocs={:.1} bytes={:.0} csw={:.2} cpu_us={:.1} server_us={:.1} latency_us={:.0}",
+            c.allocations, c.bytes, c.switches, c.cpu_us, c.server_us, c.wall_us
         );
     }
     drop(sides);

@@ -19,6 +19,7 @@
 --   V12__tenant_boundary
 --   V13__first_day
 --   V14__one_fence
+--   V15__addresses
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -95,12 +96,15 @@ CREATE TABLE pgtenant.replicas (
     released_at timestamp with time zone,
     host text,
     session_fencing_incarnation bigint,
+    address text,
+    CONSTRAINT replicas_address_check CHECK (((octet_length(address) >= 1) AND (octet_length(address) <= 1024))),
     CONSTRAINT replicas_incarnation_check CHECK ((incarnation >= 0)),
     CONSTRAINT replicas_lock_key_key UNIQUE (lock_key),
     CONSTRAINT replicas_pkey PRIMARY KEY (replica_id),
     CONSTRAINT replicas_replica_id_check CHECK ((replica_id ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$'::text))
 );
 COMMENT ON TABLE pgtenant.replicas IS 'One row per replica id. A replica is alive while its lease session holds its advisory lock and expires_at is in the future (DB clock).';
+COMMENT ON COLUMN pgtenant.replicas.address IS 'Where this replica''s clients reach it (RouterOptions::address), as registered by its latest incarnation; NULL when it gave none.';
 
 CREATE TABLE pgtenant.seals (
     replica_id text NOT NULL,
@@ -285,8 +289,10 @@ CREATE VIEW pgtenant.replica_status AS
     replica_status_rows.released_at,
     replica_status_rows.sessions,
     replica_status_rows.sealed_at,
-    replica_status_rows.state
-   FROM pgtenant.replica_status_rows() replica_status_rows(replica_id, alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions, sealed_at, state);
+    replica_status_rows.state,
+    replica_status_rows.address
+   FROM pgtenant.replica_status_rows() replica_status_rows(replica_id, alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions, sealed_at, state, address);
+COMMENT ON VIEW pgtenant.replica_status IS 'One row per replica id: alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions (bound data sessions), sealed_at, state (alive, stalled, gone, sealed, released) and address (where its clients reach it).';
 
 CREATE VIEW pgtenant.session_status AS
  SELECT s.replica_id,
@@ -1156,20 +1162,14 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v12(p_app, p_operator);
+    PERFORM pgtenant.grant_roles_before_v15(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        -- A view's functions are checked against its reader: replica_status and fleet_status
-        -- need theirs.
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.replica_status_rows(), pgtenant.fleet_status_rows(bigint),
-                            pgtenant.request_handoff(text, text, bigint, text),
-                            pgtenant.take_handoff_request(text, bigint, text, text, text)
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.register(text, integer, text, text),
+                            pgtenant.locate(text)
                         TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.replica_status_rows(), pgtenant.fleet_status_rows(bigint),
-                            pgtenant.status_report(bigint), pgtenant.begin_sweep(text)
-                        TO %I', p_operator);
-        EXECUTE format('GRANT SELECT ON pgtenant.handoff_requests TO %I', p_operator);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.locate(text) TO %I', p_operator);
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
@@ -1247,6 +1247,30 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v12(name, name) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v15(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v12(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        -- A view's functions are checked against its reader: replica_status and fleet_status
+        -- need theirs.
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.replica_status_rows(), pgtenant.fleet_status_rows(bigint),
+                            pgtenant.request_handoff(text, text, bigint, text),
+                            pgtenant.take_handoff_request(text, bigint, text, text, text)
+                        TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.replica_status_rows(), pgtenant.fleet_status_rows(bigint),
+                            pgtenant.status_report(bigint), pgtenant.begin_sweep(text)
+                        TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.handoff_requests TO %I', p_operator);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v15(name, name) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
  RETURNS interval
  LANGUAGE sql
@@ -1293,6 +1317,25 @@ AS $function$
 SELECT EXISTS (SELECT 1 FROM pgtenant.seals s WHERE s.replica_id = p_replica AND s.incarnation = p_incarnation)
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.is_sealed(text, bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.locate(p_key text)
+ RETURNS TABLE(owner text, epoch bigint, address text, owner_alive boolean, reserved_for text, reserved_address text)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT t.owner, t.epoch, o.address,
+       o.replica_id IS NOT NULL AND o.released_at IS NULL AND o.expires_at > now()
+           AND o.incarnation = t.owner_incarnation,
+       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN t.reserved_for END,
+       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END
+  FROM pgtenant.tenants t
+  LEFT JOIN pgtenant.replicas o ON o.replica_id = t.owner
+  LEFT JOIN pgtenant.replicas v ON v.replica_id = t.reserved_for
+ WHERE t.key = p_key
+$function$;
+COMMENT ON FUNCTION pgtenant.locate(text) IS 'Who serves tenant p_key and where: owner, epoch, the owner''s registered address, whether its heartbeat is current, and the replica (and address) it is reserved for by a directed handoff. No row: the tenant was never created.';
+REVOKE EXECUTE ON FUNCTION pgtenant.locate(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.lock_namespace()
  RETURNS integer
@@ -1431,7 +1474,8 @@ BEGIN
                          p_key, p_owner, p_epoch),
         DETAIL = json_build_object('owner', p_owner, 'epoch', p_epoch, 'owner_alive', true,
             'expires_in_ms', greatest(0, (extract(epoch FROM p_until - now()) * 1000)::bigint),
-            'reserved', p_reserved)::text;
+            'reserved', p_reserved,
+            'address', (SELECT r.address FROM pgtenant.replicas r WHERE r.replica_id = p_owner))::text;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.raise_held(text, text, bigint, timestamp with time zone, boolean) FROM PUBLIC;
 
@@ -1461,6 +1505,16 @@ REVOKE EXECUTE ON FUNCTION pgtenant.record_swept(text, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text)
  RETURNS TABLE(incarnation bigint, expires_at timestamp with time zone, secret text)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+    SELECT * FROM pgtenant.register(p_replica, p_ttl_ms, p_host, NULL)
+$function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.register(text, integer, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text, p_address text)
+ RETURNS TABLE(incarnation bigint, expires_at timestamp with time zone, secret text)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
@@ -1488,7 +1542,8 @@ BEGIN
            expires_at = now() + p_ttl_ms * interval '1 millisecond',
            started_at = now(),
            released_at = NULL,
-           host = p_host
+           host = p_host,
+           address = p_address
      WHERE r.replica_id = p_replica
     RETURNING r.incarnation, r.expires_at INTO v_incarnation, v_expires;
     INSERT INTO pgtenant.replica_secrets AS s (replica_id, incarnation, secret_hash)
@@ -1498,7 +1553,7 @@ BEGIN
     VALUES ('registered', p_replica, v_incarnation, p_host);
     RETURN QUERY SELECT v_incarnation, v_expires, v_secret;
 END $function$;
-REVOKE EXECUTE ON FUNCTION pgtenant.register(text, integer, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgtenant.register(text, integer, text, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.release(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint, p_event text, p_reserve_for text, p_reserve_ms integer)
  RETURNS boolean
@@ -1563,7 +1618,7 @@ $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.replica_lock_key(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.replica_status_rows()
- RETURNS TABLE(replica_id text, alive boolean, lock_held boolean, incarnation bigint, tenants_held bigint, expires_in interval, backend_pid integer, host text, started_at timestamp with time zone, released_at timestamp with time zone, sessions bigint, sealed_at timestamp with time zone, state text)
+ RETURNS TABLE(replica_id text, alive boolean, lock_held boolean, incarnation bigint, tenants_held bigint, expires_in interval, backend_pid integer, host text, started_at timestamp with time zone, released_at timestamp with time zone, sessions bigint, sealed_at timestamp with time zone, state text, address text)
  LANGUAGE sql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
@@ -1575,7 +1630,7 @@ SELECT x.*
                                            incarnation bigint, tenants_held bigint, expires_in interval,
                                            backend_pid integer, host text, started_at timestamptz,
                                            released_at timestamptz, sessions bigint,
-                                           sealed_at timestamptz, state text)
+                                           sealed_at timestamptz, state text, address text)
  ORDER BY x.replica_id
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.replica_status_rows() FROM PUBLIC;
@@ -1942,6 +1997,7 @@ WITH groups AS MATERIALIZED (
            CASE WHEN l.alive THEN date_trunc('milliseconds', r.expires_at - now()) END AS expires_in,
            r.backend_pid,
            r.host,
+           r.address,
            r.started_at,
            r.released_at,
            coalesce(b.n, 0) AS sessions,

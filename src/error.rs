@@ -135,8 +135,9 @@ pub enum Error {
 
     /// Another replica holds the tenant's lease (or it is reserved for one).
     #[error(
-        "tenant {tenant} is {} replica {owner} at epoch {epoch}{}: ask the owner to hand it over, or wait",
+        "tenant {tenant} is {} replica {owner}{} at epoch {epoch}{}: send the request there, ask the owner to hand it over, or wait",
         if *reserved { "reserved for" } else { "held by" },
+        owner_address.as_ref().map(|a| format!(" (reached at {a})")).unwrap_or_default(),
         expires_in.map(|d| format!(" (lease expires in {} ms unless renewed)", d.as_millis())).unwrap_or_default()
     )]
     #[non_exhaustive]
@@ -153,6 +154,9 @@ pub enum Error {
         expires_in: Option<std::time::Duration>,
         /// True when the tenant is free but reserved for `owner` by a directed handoff.
         reserved: bool,
+        /// Where `owner`'s clients reach it ([`RouterOptions::address`](crate::RouterOptions::address)),
+        /// when it registered one.
+        owner_address: Option<String>,
     },
 
     /// The tenant does not exist (or has no live schema) and was not asked to be created.

@@ -22,6 +22,8 @@ pub enum Event {
         replica: ReplicaId,
         /// The new incarnation.
         incarnation: Incarnation,
+        /// Where its clients reach it ([`RouterOptions::address`](crate::RouterOptions::address)).
+        address: Option<String>,
     },
     /// A tenant's lease was acquired.
     Acquired {

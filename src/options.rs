@@ -35,6 +35,7 @@ pub struct RouterOptions {
     pub(crate) keepalive_idle: Duration,
     pub(crate) tcp_user_timeout: Option<Duration>,
     pub(crate) host: Option<String>,
+    pub(crate) address: Option<String>,
     pub(crate) drain_timeout: Duration,
     pub(crate) open_timeout: Duration,
     pub(crate) max_open_tenants: usize,
@@ -130,6 +131,7 @@ impl RouterOptions {
             keepalive_idle: Duration::from_secs(5),
             tcp_user_timeout: None,
             host: None,
+            address: None,
             drain_timeout: Duration::from_secs(30),
             open_timeout: Duration::from_secs(30),
             max_open_tenants: 100_000,
@@ -492,6 +494,18 @@ impl RouterOptions {
         self
     }
 
+    /// Where this replica's clients reach it (an URL such as `http://10.0.0.5:8080`, a
+    /// `host:port`, whatever your routing layer understands): registered with each
+    /// incarnation, shown in `pgtenant.replica_status` and `pgtenant status`, carried by
+    /// [`Error::LeaseHeld`](crate::Error::LeaseHeld) and answered by
+    /// [`Router::locate`](crate::Router::locate), so that a request that reached the wrong
+    /// replica can be sent to the owner. 1 to 1024 bytes, no control characters. Default: none.
+    #[must_use]
+    pub fn address(mut self, address: impl Into<String>) -> Self {
+        self.address = Some(address.into());
+        self
+    }
+
     pub(crate) fn effective_margin(&self) -> Duration {
         self.margin.unwrap_or(self.ttl / 5)
     }
@@ -532,6 +546,17 @@ impl RouterOptions {
     /// Nothing here may overflow, whatever the values.
     pub(crate) fn validate(&self) -> Result<()> {
         crate::replica_id::check("replica_id", self.replica_id.as_str())?;
+        if let Some(address) = &self.address {
+            if address.is_empty() || address.len() > 1024 || address.chars().any(char::is_control) {
+                return Err(Error::InvalidOption {
+                    option: "address",
+                    reason: format!(
+                        "{address:?} is not an address: give 1 to 1024 bytes without control \
+                         characters, e.g. http://10.0.0.5:8080"
+                    ),
+                });
+            }
+        }
         in_range("ttl", self.ttl, MIN_TTL..=MAX_TTL, "")?;
         let period = self.effective_heartbeat_period();
         in_range(

@@ -30,6 +30,9 @@ struct HeldDetail {
     owner_alive: bool,
     expires_in_ms: Option<u64>,
     reserved: bool,
+    /// V15 and later.
+    #[serde(default)]
+    address: Option<String>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -58,6 +61,7 @@ pub(crate) fn map(error: tokio_postgres::Error, scope: &Scope<'_>) -> Error {
                 owner_alive: held.owner_alive,
                 expires_in: held.expires_in_ms.map(Duration::from_millis),
                 reserved: held.reserved,
+                owner_address: held.address,
             }),
         (NOT_REGISTERED, _) => {
             let reason = "the database no longer counts its incarnation as registered and alive";

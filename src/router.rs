@@ -120,6 +120,29 @@ pub struct TenantStatus {
     pub in_flight: usize,
 }
 
+/// Where a tenant is served, from [`Router::locate`].
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct Location {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// Whether the control plane has ever seen it.
+    pub exists: bool,
+    /// The replica holding its lease, or the one a directed handoff reserved it for; None when
+    /// nobody does (whoever opens it first serves it).
+    pub owner: Option<ReplicaId>,
+    /// Its current epoch.
+    pub epoch: Epoch,
+    /// Where `owner`'s clients reach it, when it registered an address.
+    pub address: Option<String>,
+    /// Whether `owner`'s heartbeat is current.
+    pub owner_alive: bool,
+    /// True when the tenant is free but reserved for `owner`.
+    pub reserved: bool,
+    /// Whether this replica is the owner.
+    pub here: bool,
+}
+
 /// This replica at a glance, from memory only (no database call): for health endpoints.
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
@@ -356,6 +379,46 @@ impl Router {
             quarantine_repair: row.quarantine_repair,
             here,
             in_flight,
+        })
+    }
+
+    /// Who serves a tenant and where (DESIGN §5 "Placement"): its owner (or the replica a
+    /// directed handoff reserved it for), the owner's registered
+    /// [`address`](RouterOptions::address), and whether that is this replica. One indexed read
+    /// (`pgtenant.locate`); a tenant nobody holds, or that was never created, has no owner:
+    /// serve it here.
+    pub async fn locate(&self, id: &TenantId) -> Result<Location> {
+        let shared = self.shared();
+        let client = shared
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("locate a tenant"))?;
+        let row = db::leases::locate(&client, id)
+            .await
+            .map_err(Error::db_with(|| format!("locate tenant {id}")))?;
+        let here = shared.handle(id).is_some_and(|h| !h.state().is_ended());
+        Ok(match row {
+            None => Location {
+                tenant: id.clone(),
+                exists: false,
+                owner: None,
+                epoch: Epoch::new(0),
+                address: None,
+                owner_alive: false,
+                reserved: false,
+                here,
+            },
+            Some(row) => Location {
+                tenant: id.clone(),
+                exists: true,
+                here: here || row.owner.as_ref() == Some(&shared.options.replica_id),
+                owner: row.owner,
+                epoch: row.epoch,
+                address: row.address,
+                owner_alive: row.owner_alive,
+                reserved: row.reserved,
+            },
         })
     }
 

@@ -1056,10 +1056,16 @@ async fn a_v10_control_plane_is_upgraded_under_a_running_replica_of_the_previous
     for sql in [
         "SELECT count(*) FROM pgtenant.replica_status",
         "SELECT count(*) FROM pgtenant.fleet_status",
+        // V15: the grants of replica_status reach locate.
+        "SELECT count(*) FROM pgtenant.locate('acme/kept')",
     ] {
         lease.query_one(sql, &[]).await.expect(sql);
     }
     let as_operator = operator.connect().await.expect("connect as operator");
+    as_operator
+        .query_one("SELECT owner FROM pgtenant.locate('acme/kept')", &[])
+        .await
+        .expect("the operator locates");
     pgtenant::admin::status_report(&as_operator, Duration::from_secs(3600))
         .await
         .expect("status as operator");

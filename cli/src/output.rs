@@ -190,6 +190,9 @@ pub(crate) struct Replica {
     /// `released`; read as these from an older control plane's `expired` and `lease session
     /// gone`); null before control plane 10.
     pub state: Option<String>,
+    /// Where its clients reach it (`RouterOptions::address`); null when it registered none,
+    /// and before control plane 15.
+    pub address: Option<String>,
 }
 
 impl From<&pgtenant::admin::ReplicaStatus> for Replica {
@@ -208,6 +211,7 @@ impl From<&pgtenant::admin::ReplicaStatus> for Replica {
             sessions: Some(r.sessions),
             sealed_at: r.sealed_at.clone(),
             state: Some(r.state.to_string()),
+            address: r.address.clone(),
         }
     }
 }

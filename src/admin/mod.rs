@@ -327,6 +327,10 @@ pub struct ReplicaStatus {
     /// One word for its current incarnation (control plane 13 on). Its tenants' states in
     /// `lease_status` say the same ([`TenantState`]).
     pub state: ReplicaState,
+    /// Where its clients reach it, as its current incarnation registered
+    /// ([`RouterOptions::address`](crate::RouterOptions::address); control plane 15 on).
+    #[serde(default)]
+    pub address: Option<String>,
 }
 
 /// [`fleet_status`] and every replica of `pgtenant.replica_status`, from one pass over the

@@ -392,13 +392,15 @@ pub(crate) async fn status_report(
                         'expires_in_ms', (extract(epoch FROM x.expires_in) * 1000)::bigint,
                         'backend_pid', x.backend_pid, 'host', x.host,
                         'started_at', {started}, 'released_at', {released},
-                        'sessions', x.sessions, 'sealed_at', {sealed}, 'state', x.state)
+                        'sessions', x.sessions, 'sealed_at', {sealed}, 'state', x.state,
+                        'address', x.address)
                         ORDER BY x.replica_id), '[]'::jsonb)
                        FROM jsonb_to_recordset(s.replicas) AS x(
                             replica_id text, alive boolean, lock_held boolean, incarnation bigint,
                             tenants_held bigint, expires_in interval, backend_pid integer,
                             host text, started_at timestamptz, released_at timestamptz,
-                            sessions bigint, sealed_at timestamptz, state text))::text
+                            sessions bigint, sealed_at timestamptz, state text,
+                            address text))::text
                FROM pgtenant.status_report($1) s,
                     jsonb_to_record(s.fleet) AS f(
                         tenants bigint, live bigint, held bigint, stalled bigint,

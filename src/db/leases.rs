@@ -335,3 +335,46 @@ pub(crate) async fn lease_status(
         quarantine_repair: row.try_get(8)?,
     }))
 }
+
+/// One tenant's row of `pgtenant.locate`.
+pub(crate) struct Located {
+    /// The holder, or the replica the tenant is reserved for.
+    pub(crate) owner: Option<ReplicaId>,
+    pub(crate) epoch: Epoch,
+    /// `owner`'s registered address.
+    pub(crate) address: Option<String>,
+    pub(crate) owner_alive: bool,
+    pub(crate) reserved: bool,
+}
+
+/// `pgtenant.locate(key)`: who serves `id` and where (two primary-key reads); None for a
+/// tenant never created.
+pub(crate) async fn locate(
+    client: &Client,
+    id: &TenantId,
+) -> std::result::Result<Option<Located>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT owner, epoch, address, owner_alive, reserved_for, reserved_address
+               FROM pgtenant.locate($1)",
+            &[&id.key()],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let owner: Option<ReplicaId> = row.try_get(0)?;
+    let reserved_for: Option<ReplicaId> = row.try_get(4)?;
+    let reserved = owner.is_none() && reserved_for.is_some();
+    Ok(Some(Located {
+        owner: owner.or(reserved_for),
+        epoch: Epoch::new(row.try_get(1)?),
+        address: if reserved {
+            row.try_get(5)?
+        } else {
+            row.try_get(2)?
+        },
+        owner_alive: row.try_get::<_, Option<bool>>(3)?.unwrap_or(false),
+        reserved,
+    }))
+}

@@ -240,6 +240,7 @@ async fn register(
         &options.replica_id,
         millis(options.ttl),
         host.as_deref(),
+        options.address.as_deref(),
     )
     .await?;
     Ok((incarnation, secret, registered_at))
@@ -306,5 +307,6 @@ pub(crate) fn begin_incarnation(shared: &Replica, session: &LeaseSession) {
     shared.emit(Event::Registered {
         replica: options.replica_id.clone(),
         incarnation,
+        address: options.address.clone(),
     });
 }

@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 14] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 15] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -92,6 +92,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 14] = [
     (
         "V14__one_fence",
         include_str!("../../migrations/V14__one_fence.sql"),
+    ),
+    (
+        "V15__addresses",
+        include_str!("../../migrations/V15__addresses.sql"),
     ),
 ];
 

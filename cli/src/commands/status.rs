@@ -100,6 +100,7 @@ pub(crate) async fn status_of(
                 r.sessions.to_string(),
                 cell(&r.backend_pid),
                 cell(&r.started_at),
+                cell(&r.address),
             ]
         })
         .collect();
@@ -113,6 +114,7 @@ pub(crate) async fn status_of(
             "sessions",
             "backend_pid",
             "started_at",
+            "address",
         ],
         &rows,
     )?;
@@ -194,6 +196,7 @@ async fn legacy_status(client: &Client, version: i64, view: StatusView) -> Resul
                     sessions: None,
                     sealed_at: None,
                     state: None,
+                    address: None,
                 })
             })
             .collect::<Result<Vec<_>, tokio_postgres::Error>>()

@@ -344,9 +344,18 @@ impl From<Error> for ApiError {
 fn for_the_client(error: &Error) -> String {
     let retry = "retry in a second";
     match error {
-        Error::LeaseHeld { tenant, owner, .. } => format!(
-            "tenant {tenant} is served by replica {owner}: send the request there (or have it \
-             hand the tenant over: POST /tenants/{tenant}/handoff to replica {owner})"
+        Error::LeaseHeld {
+            tenant,
+            owner,
+            owner_address,
+            ..
+        } => format!(
+            "tenant {tenant} is served by replica {owner}{}: send the request there (or have it \
+             hand the tenant over: POST /tenants/{tenant}/handoff to replica {owner})",
+            owner_address
+                .as_ref()
+                .map(|address| format!(" at {address}"))
+                .unwrap_or_default()
         ),
         Error::TenantNotFound { tenant, reason, .. } => format!(
             "tenant {tenant} does not exist ({reason}): create it with POST /tenants/{tenant}"
@@ -427,11 +436,15 @@ impl IntoResponse for ApiError {
         }
         let mut body = json!({ "error": code, "message": for_the_client(&error) });
         if let Error::LeaseHeld {
-            owner, owner_alive, ..
+            owner,
+            owner_alive,
+            owner_address,
+            ..
         } = &error
         {
             body["owner"] = json!(owner);
             body["owner_alive"] = json!(owner_alive);
+            body["owner_address"] = json!(owner_address);
         }
         let mut response = (status, Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {

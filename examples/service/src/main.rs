@@ -19,12 +19,15 @@ use pgtenant_example_service::{install_metrics, router_options, serve};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "\
-usage: pgtenant-example-service [--database-url URL] [--replica-id ID] [--listen ADDR] [--ttl DURATION]
+usage: pgtenant-example-service [--database-url URL] [--replica-id ID] [--listen ADDR] [--address URL] [--ttl DURATION]
 
   --database-url URL  PostgreSQL, e.g. postgres://postgres@127.0.0.1/app  [env DATABASE_URL]
                       (the database must exist: createdb -h 127.0.0.1 -U postgres app)
   --replica-id ID     unique among the live replicas                       [env REPLICA_ID, default service-<pid>]
   --listen ADDR       address to serve HTTP on                             [env LISTEN, default 127.0.0.1:8080]
+  --address URL       where other replicas and clients reach this one, registered with the
+                      replica and told to requests for its tenants that reach another replica
+                                                                           [env ADDRESS, default http://<listen>]
   --ttl DURATION      the lease ttl, e.g. 3s or 500ms (1s to 1h): how long a stopped replica
                       keeps its tenants before others take them over       [env TTL, default 10s]";
 
@@ -32,6 +35,7 @@ struct Config {
     database_url: String,
     replica_id: String,
     listen: SocketAddr,
+    address: Option<String>,
     ttl: Option<Duration>,
 }
 
@@ -92,6 +96,12 @@ async fn run(config: Config) -> Result<CloseReport, Box<dyn std::error::Error>> 
     if let Some(ttl) = config.ttl {
         options = options.ttl(ttl);
     }
+    // The bound address, so that `--listen 127.0.0.1:0` registers the port it got.
+    let address = match config.address {
+        Some(address) => address,
+        None => format!("http://{}", listener.local_addr()?),
+    };
+    options = options.address(address);
     let router = Router::start(options).await?;
     // Tests and scripts read this line to find the port of `--listen 127.0.0.1:0`.
     println!(
@@ -168,6 +178,7 @@ impl Config {
         let mut replica_id = std::env::var("REPLICA_ID").ok();
         let mut listen = std::env::var("LISTEN").ok();
         let mut ttl = std::env::var("TTL").ok();
+        let mut address = std::env::var("ADDRESS").ok();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             if arg == "--help" || arg == "-h" {
@@ -182,6 +193,7 @@ impl Config {
                 "--replica-id" => &mut replica_id,
                 "--listen" => &mut listen,
                 "--ttl" => &mut ttl,
+                "--address" => &mut address,
                 other => return Err(format!("unknown argument {other:?}")),
             };
             let value = inline.or_else(|| args.next());
@@ -199,6 +211,7 @@ impl Config {
             database_url,
             replica_id: replica_id.unwrap_or_else(|| format!("service-{}", std::process::id())),
             listen,
+            address,
             ttl,
         }))
     }

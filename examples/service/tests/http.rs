@@ -48,7 +48,10 @@ impl Service {
         // Bound before serving: connections made from now on wait in the backlog, no sleep.
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
-        let options = router_options(replica, url).expect("options").pool_size(4);
+        let options = router_options(replica, url)
+            .expect("options")
+            .pool_size(4)
+            .address(format!("http://{addr}"));
         let router = Router::start(options).await.expect("router starts");
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(serve(listener, router.clone(), metrics(), async {
@@ -305,6 +308,11 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
         .await;
     assert_eq!(held.status, 409, "{held:?}");
     assert_eq!(held.json()["owner"], "replica-a");
+    assert_eq!(
+        held.json()["owner_address"],
+        format!("http://{}", a.addr),
+        "{held:?}"
+    );
     let not_here = b.post("/tenants/acme/ledger/handoff", None).await;
     assert_eq!(not_here.status, 409, "{not_here:?}");
     assert_eq!(not_here.json()["error"], "not_served_here");
