@@ -19,7 +19,7 @@
 --   V12__tenant_boundary
 --   V13__first_day
 --   V14__one_fence
---   V15__addresses
+--   V15__placement
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -97,14 +97,17 @@ CREATE TABLE pgtenant.replicas (
     host text,
     session_fencing_incarnation bigint,
     address text,
+    weight double precision DEFAULT 1 NOT NULL,
     CONSTRAINT replicas_address_check CHECK (((octet_length(address) >= 1) AND (octet_length(address) <= 1024))),
     CONSTRAINT replicas_incarnation_check CHECK ((incarnation >= 0)),
     CONSTRAINT replicas_lock_key_key UNIQUE (lock_key),
     CONSTRAINT replicas_pkey PRIMARY KEY (replica_id),
-    CONSTRAINT replicas_replica_id_check CHECK ((replica_id ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$'::text))
+    CONSTRAINT replicas_replica_id_check CHECK ((replica_id ~ '^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$'::text)),
+    CONSTRAINT replicas_weight_check CHECK (((weight >= (0)::double precision) AND (weight <= (1000)::double precision)))
 );
 COMMENT ON TABLE pgtenant.replicas IS 'One row per replica id. A replica is alive while its lease session holds its advisory lock and expires_at is in the future (DB clock).';
 COMMENT ON COLUMN pgtenant.replicas.address IS 'Where this replica''s clients reach it (RouterOptions::address), as registered by its latest incarnation; NULL when it gave none.';
+COMMENT ON COLUMN pgtenant.replicas.weight IS 'Its share of the tenants by placement, relative to the other live replicas'' (RouterOptions::placement_weight); 0: the home of none.';
 
 CREATE TABLE pgtenant.seals (
     replica_id text NOT NULL,
@@ -257,6 +260,43 @@ CREATE VIEW pgtenant.lease_status AS
   ORDER BY lease_rows.tenant;
 COMMENT ON VIEW pgtenant.lease_status IS 'One row per tenant. state: held (its owner incarnation is alive), stalled (the owner holds its liveness lock but its heartbeat expired: a paused or starved process; taken over by the next open), owner_gone (the owner''s lease session is gone: taken over at once), owner_reregistered (held by an earlier incarnation of a replica id that has registered again since: taken over at once), free, reserved, quarantined, forgotten. owner_alive: the incarnation holding the lease is alive. expires_in: for held and stalled tenants.';
 
+CREATE VIEW pgtenant.placement AS
+ WITH candidates AS MATERIALIZED (
+         SELECT array_agg(c.replica_id ORDER BY c.replica_id) AS ids,
+            array_agg(c.weight ORDER BY c.replica_id) AS weights
+           FROM pgtenant.placement_candidates c
+        ), homed AS (
+         SELECT t.key,
+            t.owner,
+            t.epoch,
+            t.reserved_for,
+            t.reserved_until,
+            pgtenant.home_among(t.key, c.ids, c.weights) AS home
+           FROM pgtenant.tenants t,
+            candidates c
+          WHERE t.schema_name IS NOT NULL
+        )
+ SELECT h.key AS tenant,
+    h.owner,
+        CASE
+            WHEN h.owner IS NULL AND h.reserved_until > now() THEN h.reserved_for
+            ELSE NULL::text
+        END AS reserved_for,
+    h.home,
+    r.address AS home_address,
+    NOT h.owner IS DISTINCT FROM h.home AS at_home
+   FROM homed h
+     LEFT JOIN pgtenant.replicas r ON r.replica_id = h.home;
+COMMENT ON VIEW pgtenant.placement IS 'One row per live tenant: its owner (NULL when free), the replica it is reserved for, its home among the live replicas (pgtenant.home) and that replica''s address, and whether it is at home. SELECT count(*) FILTER (WHERE NOT at_home) FROM pgtenant.placement: how many are away.';
+
+CREATE VIEW pgtenant.placement_candidates AS
+ SELECT r.replica_id,
+    r.weight,
+    r.address
+   FROM pgtenant.replicas r
+  WHERE r.released_at IS NULL AND r.expires_at > now() AND r.weight > 0::double precision;
+COMMENT ON VIEW pgtenant.placement_candidates IS 'The replicas tenants are placed on: registered, heartbeat current, weight above 0.';
+
 CREATE VIEW pgtenant.replica_liveness AS
  WITH held AS (
          SELECT l.objid::bigint AS lock_key,
@@ -290,9 +330,10 @@ CREATE VIEW pgtenant.replica_status AS
     replica_status_rows.sessions,
     replica_status_rows.sealed_at,
     replica_status_rows.state,
-    replica_status_rows.address
-   FROM pgtenant.replica_status_rows() replica_status_rows(replica_id, alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions, sealed_at, state, address);
-COMMENT ON VIEW pgtenant.replica_status IS 'One row per replica id: alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions (bound data sessions), sealed_at, state (alive, stalled, gone, sealed, released) and address (where its clients reach it).';
+    replica_status_rows.address,
+    replica_status_rows.weight
+   FROM pgtenant.replica_status_rows() replica_status_rows(replica_id, alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions, sealed_at, state, address, weight);
+COMMENT ON VIEW pgtenant.replica_status IS 'One row per replica id: alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions (bound data sessions), sealed_at, state (alive, stalled, gone, sealed, released), address (where its clients reach it) and weight (its placement weight).';
 
 CREATE VIEW pgtenant.session_status AS
  SELECT s.replica_id,
@@ -1164,12 +1205,15 @@ AS $function$
 BEGIN
     PERFORM pgtenant.grant_roles_before_v15(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.register(text, integer, text, text),
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+                            pgtenant.register(text, integer, text, text, double precision),
                             pgtenant.locate(text)
                         TO %I', p_app);
+        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.locate(text) TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_operator);
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
@@ -1297,6 +1341,31 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.heartbeat(text, bigint, text, integer) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.home(p_key text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT pgtenant.home_among(p_key, array_agg(c.replica_id), array_agg(c.weight))
+  FROM pgtenant.placement_candidates c
+$function$;
+COMMENT ON FUNCTION pgtenant.home(text) IS 'The home of tenant p_key among the live replicas (placement_candidates).';
+
+CREATE OR REPLACE FUNCTION pgtenant.home_among(p_key text, p_replicas text[], p_weights double precision[])
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT c.replica
+  FROM unnest(p_replicas, p_weights) AS c(replica, weight)
+ WHERE c.weight > 0
+ ORDER BY pgtenant.placement_score(p_key, c.replica, c.weight) DESC, c.replica
+ LIMIT 1
+$function$;
+COMMENT ON FUNCTION pgtenant.home_among(text, text[], double precision[]) IS 'The home of tenant p_key among these replicas and weights: the one of highest placement_score (ties by replica id); NULL when every weight is 0.';
+
 CREATE OR REPLACE FUNCTION pgtenant.is_derived_schema_name(p_key text, p_epoch bigint, p_name text)
  RETURNS boolean
  LANGUAGE sql
@@ -1319,7 +1388,7 @@ $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.is_sealed(text, bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.locate(p_key text)
- RETURNS TABLE(owner text, epoch bigint, address text, owner_alive boolean, reserved_for text, reserved_address text)
+ RETURNS TABLE(owner text, epoch bigint, address text, owner_alive boolean, reserved_for text, reserved_address text, home text, home_address text)
  LANGUAGE sql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
@@ -1328,13 +1397,15 @@ SELECT t.owner, t.epoch, o.address,
        o.replica_id IS NOT NULL AND o.released_at IS NULL AND o.expires_at > now()
            AND o.incarnation = t.owner_incarnation,
        CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN t.reserved_for END,
-       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END
-  FROM pgtenant.tenants t
+       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END,
+       h.home, hr.address
+  FROM (SELECT pgtenant.home(p_key) AS home) h
+  LEFT JOIN pgtenant.tenants t ON t.key = p_key
   LEFT JOIN pgtenant.replicas o ON o.replica_id = t.owner
   LEFT JOIN pgtenant.replicas v ON v.replica_id = t.reserved_for
- WHERE t.key = p_key
+  LEFT JOIN pgtenant.replicas hr ON hr.replica_id = h.home
 $function$;
-COMMENT ON FUNCTION pgtenant.locate(text) IS 'Who serves tenant p_key and where: owner, epoch, the owner''s registered address, whether its heartbeat is current, and the replica (and address) it is reserved for by a directed handoff. No row: the tenant was never created.';
+COMMENT ON FUNCTION pgtenant.locate(text) IS 'Who serves tenant p_key and where: owner, epoch, the owner''s registered address, whether its heartbeat is current, the replica (and address) it is reserved for by a directed handoff, and its home among the live replicas (and that one''s address). epoch NULL: the tenant was never created.';
 REVOKE EXECUTE ON FUNCTION pgtenant.locate(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.lock_namespace()
@@ -1360,6 +1431,19 @@ CREATE OR REPLACE FUNCTION pgtenant.next_epoch(p_current bigint)
 AS $function$
     SELECT GREATEST(p_current OPERATOR(pg_catalog.+) 1, pgtenant.epoch_floor())
 $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.placement_score(p_key text, p_replica text, p_weight double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT CASE WHEN p_weight > 0 THEN
+    p_weight / -ln((('x' || left(md5(p_key || '|' || p_replica), 13))::bit(52)::bigint::double precision
+                    + 0.5) / 4503599627370496.0)
+END
+$function$;
+COMMENT ON FUNCTION pgtenant.placement_score(text, text, double precision) IS 'Weighted rendezvous score of replica p_replica (weight p_weight) for tenant p_key: weight / -ln(u), u in (0, 1) from the first 52 bits of md5(key || ''|'' || replica). NULL for weight 0.';
 
 CREATE OR REPLACE FUNCTION pgtenant.prepared_holders(p_schema text, p_lock integer)
  RETURNS text
@@ -1509,11 +1593,11 @@ CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-    SELECT * FROM pgtenant.register(p_replica, p_ttl_ms, p_host, NULL)
+    SELECT * FROM pgtenant.register(p_replica, p_ttl_ms, p_host, NULL, 1)
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.register(text, integer, text) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text, p_address text)
+CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text, p_address text, p_weight double precision)
  RETURNS TABLE(incarnation bigint, expires_at timestamp with time zone, secret text)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1543,7 +1627,8 @@ BEGIN
            started_at = now(),
            released_at = NULL,
            host = p_host,
-           address = p_address
+           address = p_address,
+           weight = p_weight
      WHERE r.replica_id = p_replica
     RETURNING r.incarnation, r.expires_at INTO v_incarnation, v_expires;
     INSERT INTO pgtenant.replica_secrets AS s (replica_id, incarnation, secret_hash)
@@ -1553,7 +1638,7 @@ BEGIN
     VALUES ('registered', p_replica, v_incarnation, p_host);
     RETURN QUERY SELECT v_incarnation, v_expires, v_secret;
 END $function$;
-REVOKE EXECUTE ON FUNCTION pgtenant.register(text, integer, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgtenant.register(text, integer, text, text, double precision) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.release(p_key text, p_epoch bigint, p_replica text, p_incarnation bigint, p_event text, p_reserve_for text, p_reserve_ms integer)
  RETURNS boolean
@@ -1618,7 +1703,7 @@ $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.replica_lock_key(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.replica_status_rows()
- RETURNS TABLE(replica_id text, alive boolean, lock_held boolean, incarnation bigint, tenants_held bigint, expires_in interval, backend_pid integer, host text, started_at timestamp with time zone, released_at timestamp with time zone, sessions bigint, sealed_at timestamp with time zone, state text, address text)
+ RETURNS TABLE(replica_id text, alive boolean, lock_held boolean, incarnation bigint, tenants_held bigint, expires_in interval, backend_pid integer, host text, started_at timestamp with time zone, released_at timestamp with time zone, sessions bigint, sealed_at timestamp with time zone, state text, address text, weight double precision)
  LANGUAGE sql
  STABLE SECURITY DEFINER
  SET jit TO 'off'
@@ -1630,7 +1715,8 @@ SELECT x.*
                                            incarnation bigint, tenants_held bigint, expires_in interval,
                                            backend_pid integer, host text, started_at timestamptz,
                                            released_at timestamptz, sessions bigint,
-                                           sealed_at timestamptz, state text, address text)
+                                           sealed_at timestamptz, state text, address text,
+                                           weight double precision)
  ORDER BY x.replica_id
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.replica_status_rows() FROM PUBLIC;
@@ -1998,6 +2084,7 @@ WITH groups AS MATERIALIZED (
            r.backend_pid,
            r.host,
            r.address,
+           r.weight,
            r.started_at,
            r.released_at,
            coalesce(b.n, 0) AS sessions,

@@ -36,6 +36,7 @@ pub struct RouterOptions {
     pub(crate) tcp_user_timeout: Option<Duration>,
     pub(crate) host: Option<String>,
     pub(crate) address: Option<String>,
+    pub(crate) placement_weight: f64,
     pub(crate) drain_timeout: Duration,
     pub(crate) open_timeout: Duration,
     pub(crate) max_open_tenants: usize,
@@ -132,6 +133,7 @@ impl RouterOptions {
             tcp_user_timeout: None,
             host: None,
             address: None,
+            placement_weight: 1.0,
             drain_timeout: Duration::from_secs(30),
             open_timeout: Duration::from_secs(30),
             max_open_tenants: 100_000,
@@ -506,6 +508,17 @@ impl RouterOptions {
         self
     }
 
+    /// This replica's share of the tenants by placement, relative to the other live replicas'
+    /// (weighted rendezvous hashing, `pgtenant.home`): a replica of weight 2 among replicas of
+    /// weight 1 is the home of twice as many tenants. 0: the home of none (it still serves
+    /// what it opens). Registered with each incarnation, shown in `pgtenant.replica_status`.
+    /// Range 0..=1000; default 1.
+    #[must_use]
+    pub fn placement_weight(mut self, weight: f64) -> Self {
+        self.placement_weight = weight;
+        self
+    }
+
     pub(crate) fn effective_margin(&self) -> Duration {
         self.margin.unwrap_or(self.ttl / 5)
     }
@@ -546,6 +559,16 @@ impl RouterOptions {
     /// Nothing here may overflow, whatever the values.
     pub(crate) fn validate(&self) -> Result<()> {
         crate::replica_id::check("replica_id", self.replica_id.as_str())?;
+        if !(0.0..=1000.0).contains(&self.placement_weight) {
+            return Err(Error::InvalidOption {
+                option: "placement_weight",
+                reason: format!(
+                    "{} is outside 0..=1000 (a share relative to the other replicas'; 0 makes \
+                     this replica the home of no tenant)",
+                    self.placement_weight
+                ),
+            });
+        }
         if let Some(address) = &self.address {
             if address.is_empty() || address.len() > 1024 || address.chars().any(char::is_control) {
                 return Err(Error::InvalidOption {

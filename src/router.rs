@@ -141,6 +141,12 @@ pub struct Location {
     pub reserved: bool,
     /// Whether this replica is the owner.
     pub here: bool,
+    /// Its home: the live replica placement gives it to (weighted rendezvous hashing over the
+    /// live replicas' [`placement_weight`](RouterOptions::placement_weight)s, the
+    /// `pgtenant.placement` view's answer); None when no live replica has a weight above 0.
+    pub home: Option<ReplicaId>,
+    /// Where `home`'s clients reach it.
+    pub home_address: Option<String>,
 }
 
 /// This replica at a glance, from memory only (no database call): for health endpoints.
@@ -382,11 +388,11 @@ impl Router {
         })
     }
 
-    /// Who serves a tenant and where (DESIGN §5 "Placement"): its owner (or the replica a
-    /// directed handoff reserved it for), the owner's registered
-    /// [`address`](RouterOptions::address), and whether that is this replica. One indexed read
-    /// (`pgtenant.locate`); a tenant nobody holds, or that was never created, has no owner:
-    /// serve it here.
+    /// Who serves a tenant and where: its owner (or the replica a directed handoff reserved it
+    /// for), the owner's registered [`address`](RouterOptions::address), whether that is this
+    /// replica, and the tenant's home. One statement (`pgtenant.locate`: primary-key reads
+    /// and one pass over the replicas); a tenant nobody holds, or that was never created, has
+    /// no owner: serve it here, or at its home.
     pub async fn locate(&self, id: &TenantId) -> Result<Location> {
         let shared = self.shared();
         let client = shared
@@ -398,27 +404,17 @@ impl Router {
             .await
             .map_err(Error::db_with(|| format!("locate tenant {id}")))?;
         let here = shared.handle(id).is_some_and(|h| !h.state().is_ended());
-        Ok(match row {
-            None => Location {
-                tenant: id.clone(),
-                exists: false,
-                owner: None,
-                epoch: Epoch::new(0),
-                address: None,
-                owner_alive: false,
-                reserved: false,
-                here,
-            },
-            Some(row) => Location {
-                tenant: id.clone(),
-                exists: true,
-                here: here || row.owner.as_ref() == Some(&shared.options.replica_id),
-                owner: row.owner,
-                epoch: row.epoch,
-                address: row.address,
-                owner_alive: row.owner_alive,
-                reserved: row.reserved,
-            },
+        Ok(Location {
+            tenant: id.clone(),
+            exists: row.exists,
+            here: here || row.owner.as_ref() == Some(&shared.options.replica_id),
+            owner: row.owner,
+            epoch: row.epoch,
+            address: row.address,
+            owner_alive: row.owner_alive,
+            reserved: row.reserved,
+            home: row.home,
+            home_address: row.home_address,
         })
     }
 

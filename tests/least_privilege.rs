@@ -755,7 +755,7 @@ async fn status_is_for_the_granted_roles_only() {
 /// SECURITY DEFINER function has a fixed search_path.
 #[tokio::test]
 async fn public_can_use_only_the_allow_listed_objects() {
-    const PUBLIC_FUNCTIONS: [&str; 14] = [
+    const PUBLIC_FUNCTIONS: [&str; 17] = [
         "pgtenant.enter(text,text)",
         "pgtenant.epoch_floor()",
         "pgtenant.fence(text,bigint)",
@@ -766,8 +766,13 @@ async fn public_can_use_only_the_allow_listed_objects() {
         "pgtenant.fence_refusal(text,bigint,bigint,text,text,bigint)",
         "pgtenant.fence_refusal_before_failover(text,bigint)",
         "pgtenant.fence_signalled(text,bigint,integer,text)",
+        // V15: placement. home reads the replicas with the caller's rights (readers of the
+        // placement view and locate have them); the other two compute only.
+        "pgtenant.home(text)",
+        "pgtenant.home_among(text,text[],double precision[])",
         "pgtenant.lock_namespace()",
         "pgtenant.next_epoch(bigint)",
+        "pgtenant.placement_score(text,text,double precision)",
         "pgtenant.reset_session(text)",
         "pgtenant.tenant_lock_namespace()",
     ];

@@ -126,3 +126,144 @@ async fn an_address_that_is_not_one_is_refused_before_anything_changes() {
         .get(0);
     assert_eq!(registered, 0, "nothing was registered");
 }
+
+/// The placement function alone (`pgtenant.home_among`, what `pgtenant.home` and the
+/// `pgtenant.placement` view apply to the live replicas), over 4 000 tenant keys: a joiner takes
+/// its share and nothing moves between the others; a leaver's tenants, and only those, spread
+/// over the rest; weights set the shares; weight 0 is the home of none; the order the replicas
+/// are listed in does not matter.
+#[tokio::test]
+async fn homes_move_only_to_a_joiner_and_only_from_a_leaver_in_proportion_to_weights() {
+    let (_db, client) = database().await;
+    let homes = |replicas: &'static str, weights: &'static str| {
+        format!("pgtenant.home_among(k.key, ARRAY[{replicas}], ARRAY[{weights}]::float8[])")
+    };
+    let count = |sql: String| {
+        let client = &client;
+        async move {
+            let n: i64 = client
+                .query_one(
+                    &format!(
+                        "SELECT count(*) FROM (SELECT 'acme/t' || g AS key
+                                                  FROM generate_series(1, 4000) g) k
+                          WHERE {sql}"
+                    ),
+                    &[],
+                )
+                .await
+                .expect(&sql)
+                .get(0);
+            n
+        }
+    };
+    let four = homes("'a','b','c','d'", "1,1,1,1");
+    let five = homes("'a','b','c','d','e'", "1,1,1,1,1");
+    // A joiner: what moves, moves to it, and about its share (800 of 4 000) moves.
+    let moved = count(format!("{four} <> {five}")).await;
+    let to_e = count(format!("{five} = 'e'")).await;
+    assert_eq!(
+        count(format!("{four} <> {five} AND {five} <> 'e'")).await,
+        0,
+        "nothing moves between the replicas that were there"
+    );
+    assert_eq!(moved, to_e, "everything that moved went to the joiner");
+    assert!(
+        (680..=920).contains(&to_e),
+        "the joiner's share: {to_e} of 4000"
+    );
+    // A leaver: only its tenants move, spread over the others.
+    let three = homes("'a','c','d'", "1,1,1");
+    assert_eq!(
+        count(format!("{four} <> {three} AND {four} <> 'b'")).await,
+        0,
+        "only the leaver's tenants move"
+    );
+    let from_b = count(format!("{four} = 'b'")).await;
+    for other in ["a", "c", "d"] {
+        let got = count(format!("{four} = 'b' AND {three} = '{other}'")).await;
+        assert!(
+            got * 5 > from_b && got * 2 < from_b,
+            "{other} took {got} of b's {from_b}"
+        );
+    }
+    // Weights: 2 among three 1s is 2/5 of the tenants; 0 is none.
+    let weighted = homes("'a','b','c','d'", "2,1,1,1");
+    let to_a = count(format!("{weighted} = 'a'")).await;
+    assert!(
+        (1440..=1760).contains(&to_a),
+        "weight 2 of 5: {to_a} of 4000"
+    );
+    let none = homes("'a','b','c','d'", "0,1,1,1");
+    assert_eq!(count(format!("{none} = 'a'")).await, 0);
+    // The listing order does not matter.
+    let shuffled = homes("'d','b','a','c'", "1,1,1,1");
+    assert_eq!(count(format!("{four} <> {shuffled}")).await, 0);
+}
+
+/// Real routers: the `pgtenant.placement` view and `Router::locate` on every replica give each
+/// tenant the same home, among the live replicas with a weight above 0, more often the heavier.
+#[tokio::test]
+async fn every_replica_and_psql_agree_on_each_tenants_home() {
+    let (db, client) = database().await;
+    let a = Router::start(options(db.url(), "home-a").address("a:1"))
+        .await
+        .expect("a");
+    let b = Router::start(
+        options(db.url(), "home-b")
+            .address("b:1")
+            .placement_weight(3.0),
+    )
+    .await
+    .expect("b");
+    let c = Router::start(options(db.url(), "home-c").placement_weight(0.0))
+        .await
+        .expect("c");
+    let mut ids = Vec::new();
+    for n in 0..40 {
+        let id = tenant(&format!("homed{n}"));
+        a.open_or_create(&id).await.expect("open");
+        ids.push(id);
+    }
+    let rows = client
+        .query(
+            "SELECT tenant, owner, home, home_address, at_home FROM pgtenant.placement
+              WHERE tenant LIKE 'acme/homed%'",
+            &[],
+        )
+        .await
+        .expect("the placement view");
+    assert_eq!(rows.len(), 40);
+    let mut homes = std::collections::BTreeMap::<String, usize>::new();
+    for row in &rows {
+        let (key, owner, home, address, at_home): (String, String, String, String, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        assert_eq!(owner, "home-a");
+        assert_eq!(at_home, home == "home-a", "{key}");
+        assert_eq!(address, if home == "home-a" { "a:1" } else { "b:1" });
+        *homes.entry(home.clone()).or_default() += 1;
+        let id = tenant(key.trim_start_matches("acme/"));
+        for router in [&a, &b, &c] {
+            let located = router.locate(&id).await.expect("locate");
+            assert_eq!(
+                located.home.as_ref().map(|h| h.as_str()),
+                Some(home.as_str())
+            );
+        }
+    }
+    assert!(
+        !homes.contains_key("home-c"),
+        "weight 0 is the home of none"
+    );
+    assert!(
+        homes.get("home-b") > homes.get("home-a"),
+        "weight 3 against 1: {homes:?}"
+    );
+    match Router::start(options(db.url(), "home-x").placement_weight(-1.0)).await {
+        Err(Error::InvalidOption { option, .. }) => assert_eq!(option, "placement_weight"),
+        Err(other) => panic!("expected InvalidOption, got {other}"),
+        Ok(_) => panic!("a negative weight was accepted"),
+    }
+    for router in [a, b, c] {
+        router.close().await;
+    }
+}

@@ -338,6 +338,8 @@ pub(crate) async fn lease_status(
 
 /// One tenant's row of `pgtenant.locate`.
 pub(crate) struct Located {
+    /// Whether the tenant was ever created.
+    pub(crate) exists: bool,
     /// The holder, or the replica the tenant is reserved for.
     pub(crate) owner: Option<ReplicaId>,
     pub(crate) epoch: Epoch,
@@ -345,30 +347,33 @@ pub(crate) struct Located {
     pub(crate) address: Option<String>,
     pub(crate) owner_alive: bool,
     pub(crate) reserved: bool,
+    /// Its home among the live replicas, and that one's address.
+    pub(crate) home: Option<ReplicaId>,
+    pub(crate) home_address: Option<String>,
 }
 
-/// `pgtenant.locate(key)`: who serves `id` and where (two primary-key reads); None for a
-/// tenant never created.
+/// `pgtenant.locate(key)`: who serves `id`, where, and its home (primary-key reads and one pass
+/// over the replicas).
 pub(crate) async fn locate(
     client: &Client,
     id: &TenantId,
-) -> std::result::Result<Option<Located>, tokio_postgres::Error> {
+) -> std::result::Result<Located, tokio_postgres::Error> {
     let row = client
-        .query_opt(
-            "SELECT owner, epoch, address, owner_alive, reserved_for, reserved_address
+        .query_one(
+            "SELECT owner, epoch, address, owner_alive, reserved_for, reserved_address, home,
+                    home_address
                FROM pgtenant.locate($1)",
             &[&id.key()],
         )
         .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
     let owner: Option<ReplicaId> = row.try_get(0)?;
+    let epoch: Option<i64> = row.try_get(1)?;
     let reserved_for: Option<ReplicaId> = row.try_get(4)?;
     let reserved = owner.is_none() && reserved_for.is_some();
-    Ok(Some(Located {
+    Ok(Located {
+        exists: epoch.is_some(),
         owner: owner.or(reserved_for),
-        epoch: Epoch::new(row.try_get(1)?),
+        epoch: Epoch::new(epoch.unwrap_or(0)),
         address: if reserved {
             row.try_get(5)?
         } else {
@@ -376,5 +381,7 @@ pub(crate) async fn locate(
         },
         owner_alive: row.try_get::<_, Option<bool>>(3)?.unwrap_or(false),
         reserved,
-    }))
+        home: row.try_get(6)?,
+        home_address: row.try_get(7)?,
+    })
 }

@@ -72,7 +72,8 @@ pub(crate) async fn liveness_lock_holder(
     }))
 }
 
-/// `pgtenant.register`: a new incarnation of `replica`, reached at `address`, and its secret.
+/// `pgtenant.register`: a new incarnation of `replica`, reached at `address`, of placement
+/// `weight`, and its secret.
 /// `PTS01` (the function's "not a session": a pooler in front) becomes [`Error::NotASession`]
 /// with the server's message and hint, what the operator has to act on.
 pub(crate) async fn register(
@@ -81,11 +82,12 @@ pub(crate) async fn register(
     ttl_ms: i32,
     host: Option<&str>,
     address: Option<&str>,
+    weight: f64,
 ) -> Result<(Incarnation, String)> {
     let (incarnation, secret): (i64, String) = client
         .query_one(
-            "SELECT incarnation, secret FROM pgtenant.register($1, $2, $3, $4)",
-            &[replica, &ttl_ms, &host, &address],
+            "SELECT incarnation, secret FROM pgtenant.register($1, $2, $3, $4, $5)",
+            &[replica, &ttl_ms, &host, &address, &weight],
         )
         .await
         .and_then(|row| Ok((row.try_get(0)?, row.try_get(1)?)))

@@ -241,6 +241,7 @@ async fn register(
         millis(options.ttl),
         host.as_deref(),
         options.address.as_deref(),
+        options.placement_weight,
     )
     .await?;
     Ok((incarnation, secret, registered_at))

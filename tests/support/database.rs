@@ -94,8 +94,8 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 15] = [
         include_str!("../../migrations/V14__one_fence.sql"),
     ),
     (
-        "V15__addresses",
-        include_str!("../../migrations/V15__addresses.sql"),
+        "V15__placement",
+        include_str!("../../migrations/V15__placement.sql"),
     ),
 ];
 

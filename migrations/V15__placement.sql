@@ -1,17 +1,24 @@
--- V15: where a replica is reached (#30). A replica registers the address its clients reach it
--- at; replica_status shows it, a LeaseHeld refusal carries it, and pgtenant.locate(key) says
--- who serves a tenant and where in one indexed read.
+-- V15: placement (#30). A replica registers the address its clients reach it at and its
+-- placement weight; replica_status shows both, a LeaseHeld refusal carries the address, and
+-- pgtenant.locate(key) says who serves a tenant, where, and which replica is its home: the
+-- weighted rendezvous choice among the live replicas (pgtenant.home_among), the same answer
+-- for every replica and in psql (the view pgtenant.placement: home against owner).
 
 ALTER TABLE pgtenant.replicas ADD COLUMN address text
     CONSTRAINT replicas_address_check CHECK (octet_length(address) BETWEEN 1 AND 1024);
 COMMENT ON COLUMN pgtenant.replicas.address IS
     'Where this replica''s clients reach it (RouterOptions::address), as registered by its latest incarnation; NULL when it gave none.';
+ALTER TABLE pgtenant.replicas ADD COLUMN weight double precision NOT NULL DEFAULT 1
+    CONSTRAINT replicas_weight_check CHECK (weight >= 0 AND weight <= 1000);
+COMMENT ON COLUMN pgtenant.replicas.weight IS
+    'Its share of the tenants by placement, relative to the other live replicas'' (RouterOptions::placement_weight); 0: the home of none.';
 
 -- ---------------------------------------------------------------------------------------
 -- register with an address. The three-argument form stays (a replica of an earlier release
 -- registers without one) and keeps its grants; the new one gets the same grants.
 -- ---------------------------------------------------------------------------------------
-CREATE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text, p_address text)
+CREATE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text, p_address text,
+                                  p_weight double precision)
  RETURNS TABLE(incarnation bigint, expires_at timestamp with time zone, secret text)
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -41,7 +48,8 @@ BEGIN
            started_at = now(),
            released_at = NULL,
            host = p_host,
-           address = p_address
+           address = p_address,
+           weight = p_weight
      WHERE r.replica_id = p_replica
     RETURNING r.incarnation, r.expires_at INTO v_incarnation, v_expires;
     INSERT INTO pgtenant.replica_secrets AS s (replica_id, incarnation, secret_hash)
@@ -51,7 +59,7 @@ BEGIN
     VALUES ('registered', p_replica, v_incarnation, p_host);
     RETURN QUERY SELECT v_incarnation, v_expires, v_secret;
 END $function$;
-REVOKE ALL ON FUNCTION pgtenant.register(text, integer, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgtenant.register(text, integer, text, text, double precision) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p_host text)
  RETURNS TABLE(incarnation bigint, expires_at timestamp with time zone, secret text)
@@ -59,30 +67,102 @@ CREATE OR REPLACE FUNCTION pgtenant.register(p_replica text, p_ttl_ms integer, p
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-    SELECT * FROM pgtenant.register(p_replica, p_ttl_ms, p_host, NULL)
+    SELECT * FROM pgtenant.register(p_replica, p_ttl_ms, p_host, NULL, 1)
 $function$;
 
 -- ---------------------------------------------------------------------------------------
+-- Placement: weighted rendezvous hashing. Each (tenant, replica) pair gets a score
+-- weight / -ln(u), u uniform in (0, 1) from md5(key | replica); a tenant's home is the live
+-- replica of highest score. When a replica joins, only the tenants it now scores highest on
+-- move, and only to it; when one leaves, only its tenants move; a replica of weight w gets
+-- w / (sum of weights) of the tenants. md5 (52 of its bits) because every PostgreSQL has it
+-- and any client can compute it too.
+-- ---------------------------------------------------------------------------------------
+CREATE FUNCTION pgtenant.placement_score(p_key text, p_replica text, p_weight double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+SET search_path = pg_catalog, pgtenant AS $$
+SELECT CASE WHEN p_weight > 0 THEN
+    p_weight / -ln((('x' || left(md5(p_key || '|' || p_replica), 13))::bit(52)::bigint::double precision
+                    + 0.5) / 4503599627370496.0)
+END
+$$;
+COMMENT ON FUNCTION pgtenant.placement_score(text, text, double precision) IS
+    'Weighted rendezvous score of replica p_replica (weight p_weight) for tenant p_key: weight / -ln(u), u in (0, 1) from the first 52 bits of md5(key || ''|'' || replica). NULL for weight 0.';
+
+CREATE FUNCTION pgtenant.home_among(p_key text, p_replicas text[], p_weights double precision[])
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pgtenant AS $$
+SELECT c.replica
+  FROM unnest(p_replicas, p_weights) AS c(replica, weight)
+ WHERE c.weight > 0
+ ORDER BY pgtenant.placement_score(p_key, c.replica, c.weight) DESC, c.replica
+ LIMIT 1
+$$;
+COMMENT ON FUNCTION pgtenant.home_among(text, text[], double precision[]) IS
+    'The home of tenant p_key among these replicas and weights: the one of highest placement_score (ties by replica id); NULL when every weight is 0.';
+
+-- The replicas placement counts: registered, not deregistered, heartbeat current (the database
+-- clock; no pg_locks scan), weight above 0.
+CREATE VIEW pgtenant.placement_candidates AS
+SELECT r.replica_id, r.weight, r.address
+  FROM pgtenant.replicas r
+ WHERE r.released_at IS NULL AND r.expires_at > now() AND r.weight > 0;
+COMMENT ON VIEW pgtenant.placement_candidates IS
+    'The replicas tenants are placed on: registered, heartbeat current, weight above 0.';
+REVOKE ALL ON pgtenant.placement_candidates FROM PUBLIC;
+
+CREATE FUNCTION pgtenant.home(p_key text)
+RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pgtenant AS $$
+SELECT pgtenant.home_among(p_key, array_agg(c.replica_id), array_agg(c.weight))
+  FROM pgtenant.placement_candidates c
+$$;
+COMMENT ON FUNCTION pgtenant.home(text) IS
+    'The home of tenant p_key among the live replicas (placement_candidates).';
+
+CREATE VIEW pgtenant.placement AS
+WITH candidates AS MATERIALIZED (
+    SELECT array_agg(c.replica_id ORDER BY c.replica_id) AS ids,
+           array_agg(c.weight ORDER BY c.replica_id) AS weights
+      FROM pgtenant.placement_candidates c
+), homed AS (
+    SELECT t.key, t.owner, t.epoch, t.reserved_for, t.reserved_until,
+           pgtenant.home_among(t.key, c.ids, c.weights) AS home
+      FROM pgtenant.tenants t, candidates c
+     WHERE t.schema_name IS NOT NULL
+)
+SELECT h.key AS tenant, h.owner,
+       CASE WHEN h.owner IS NULL AND h.reserved_until > now() THEN h.reserved_for END AS reserved_for,
+       h.home, r.address AS home_address,
+       h.owner IS NOT DISTINCT FROM h.home AS at_home
+  FROM homed h
+  LEFT JOIN pgtenant.replicas r ON r.replica_id = h.home;
+COMMENT ON VIEW pgtenant.placement IS
+    'One row per live tenant: its owner (NULL when free), the replica it is reserved for, its home among the live replicas (pgtenant.home) and that replica''s address, and whether it is at home. SELECT count(*) FILTER (WHERE NOT at_home) FROM pgtenant.placement: how many are away.';
+-- Readers get it below, with replica_status's.
+REVOKE ALL ON pgtenant.placement FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------
 -- locate: the tenant's owner, epoch and the owner's address; whether the owner's heartbeat is
--- current (no pg_locks scan: that is replica_status's business); the replica it is reserved for.
--- Two primary-key reads.
+-- current (no pg_locks scan: that is replica_status's business); the replica it is reserved
+-- for; its home. Primary-key reads and one pass over the (few) replicas.
 -- ---------------------------------------------------------------------------------------
 CREATE FUNCTION pgtenant.locate(p_key text)
 RETURNS TABLE (owner text, epoch bigint, address text, owner_alive boolean, reserved_for text,
-               reserved_address text)
+               reserved_address text, home text, home_address text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
 SELECT t.owner, t.epoch, o.address,
        o.replica_id IS NOT NULL AND o.released_at IS NULL AND o.expires_at > now()
            AND o.incarnation = t.owner_incarnation,
        CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN t.reserved_for END,
-       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END
-  FROM pgtenant.tenants t
+       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END,
+       h.home, hr.address
+  FROM (SELECT pgtenant.home(p_key) AS home) h
+  LEFT JOIN pgtenant.tenants t ON t.key = p_key
   LEFT JOIN pgtenant.replicas o ON o.replica_id = t.owner
   LEFT JOIN pgtenant.replicas v ON v.replica_id = t.reserved_for
- WHERE t.key = p_key
+  LEFT JOIN pgtenant.replicas hr ON hr.replica_id = h.home
 $$;
 COMMENT ON FUNCTION pgtenant.locate(text) IS
-    'Who serves tenant p_key and where: owner, epoch, the owner''s registered address, whether its heartbeat is current, and the replica (and address) it is reserved for by a directed handoff. No row: the tenant was never created.';
+    'Who serves tenant p_key and where: owner, epoch, the owner''s registered address, whether its heartbeat is current, the replica (and address) it is reserved for by a directed handoff, and its home among the live replicas (and that one''s address). epoch NULL: the tenant was never created.';
 REVOKE ALL ON FUNCTION pgtenant.locate(text) FROM PUBLIC;
 
 -- A refusal names where the owner is reached.
@@ -170,6 +250,7 @@ WITH groups AS MATERIALIZED (
            r.backend_pid,
            r.host,
            r.address,
+           r.weight,
            r.started_at,
            r.released_at,
            coalesce(b.n, 0) AS sessions,
@@ -227,13 +308,19 @@ SELECT 'TABLE pgtenant.replica_status', a.grantee, a.privilege_type, a.is_granta
 UNION ALL
 -- Whoever may register may register with an address; whoever may read replica_status may
 -- locate a tenant.
-SELECT 'FUNCTION pgtenant.register(text, integer, text, text)', a.grantee, a.privilege_type,
+SELECT 'FUNCTION pgtenant.register(text, integer, text, text, double precision)', a.grantee, a.privilege_type,
        a.is_grantable
   FROM pg_catalog.pg_proc p,
        LATERAL pg_catalog.aclexplode(coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) a
  WHERE p.oid = 'pgtenant.register(text, integer, text)'::regprocedure AND a.grantee <> p.proowner
 UNION ALL
 SELECT 'FUNCTION pgtenant.locate(text)', a.grantee, 'EXECUTE', a.is_grantable
+  FROM pg_catalog.pg_class c,
+       LATERAL pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r', c.relowner))) a
+ WHERE c.oid = 'pgtenant.replica_status'::regclass AND a.grantee <> c.relowner
+   AND a.privilege_type = 'SELECT'
+UNION ALL
+SELECT 'TABLE pgtenant.placement', a.grantee, 'SELECT', a.is_grantable
   FROM pg_catalog.pg_class c,
        LATERAL pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r', c.relowner))) a
  WHERE c.oid = 'pgtenant.replica_status'::regclass AND a.grantee <> c.relowner
@@ -246,7 +333,7 @@ CREATE FUNCTION pgtenant.replica_status_rows()
 RETURNS TABLE (replica_id text, alive boolean, lock_held boolean, incarnation bigint,
                tenants_held bigint, expires_in interval, backend_pid integer, host text,
                started_at timestamptz, released_at timestamptz, sessions bigint,
-               sealed_at timestamptz, state text, address text)
+               sealed_at timestamptz, state text, address text, weight double precision)
 LANGUAGE sql STABLE SECURITY DEFINER SET jit = off SET search_path = pg_catalog, pgtenant AS $$
 SELECT x.*
   FROM pgtenant.status_report(0) s,
@@ -254,14 +341,15 @@ SELECT x.*
                                            incarnation bigint, tenants_held bigint, expires_in interval,
                                            backend_pid integer, host text, started_at timestamptz,
                                            released_at timestamptz, sessions bigint,
-                                           sealed_at timestamptz, state text, address text)
+                                           sealed_at timestamptz, state text, address text,
+                                           weight double precision)
  ORDER BY x.replica_id
 $$;
 
 CREATE VIEW pgtenant.replica_status AS
 SELECT * FROM pgtenant.replica_status_rows();
 COMMENT ON VIEW pgtenant.replica_status IS
-    'One row per replica id: alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions (bound data sessions), sealed_at, state (alive, stalled, gone, sealed, released) and address (where its clients reach it).';
+    'One row per replica id: alive, lock_held, incarnation, tenants_held, expires_in, backend_pid, host, started_at, released_at, sessions (bound data sessions), sealed_at, state (alive, stalled, gone, sealed, released), address (where its clients reach it) and weight (its placement weight).';
 
 REVOKE ALL ON FUNCTION pgtenant.replica_status_rows() FROM PUBLIC;
 REVOKE ALL ON pgtenant.replica_status FROM PUBLIC;
@@ -284,12 +372,15 @@ RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant AS $$
 BEGIN
     PERFORM pgtenant.grant_roles_before_v15(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.register(text, integer, text, text),
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+                            pgtenant.register(text, integer, text, text, double precision),
                             pgtenant.locate(text)
                         TO %I', p_app);
+        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
         EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.locate(text) TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_operator);
     END IF;
 END $$;
 REVOKE ALL ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
