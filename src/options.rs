@@ -37,6 +37,7 @@ pub struct RouterOptions {
     pub(crate) host: Option<String>,
     pub(crate) address: Option<String>,
     pub(crate) placement_weight: f64,
+    pub(crate) idle_release: Option<Duration>,
     pub(crate) drain_timeout: Duration,
     pub(crate) open_timeout: Duration,
     pub(crate) max_open_tenants: usize,
@@ -134,6 +135,7 @@ impl RouterOptions {
             host: None,
             address: None,
             placement_weight: 1.0,
+            idle_release: None,
             drain_timeout: Duration::from_secs(30),
             open_timeout: Duration::from_secs(30),
             max_open_tenants: 100_000,
@@ -519,6 +521,19 @@ impl RouterOptions {
         self
     }
 
+    /// Hands off a tenant no work has used for this long (checked every quarter of it, at
+    /// most every 10 s): placement is then not pinned by tenants nobody uses, the next request
+    /// opens the tenant wherever it lands, and this replica's backends drop what they cached
+    /// of its schema when their connections retire. A handle the application still holds
+    /// answers [`Error::LeaseLost`](crate::Error::LeaseLost)-kind errors after it
+    /// ([`ErrorKind::LeaseEnded`](crate::ErrorKind::LeaseEnded)): open the tenant again.
+    /// Range 100 ms..=30 days; default: never.
+    #[must_use]
+    pub fn idle_release(mut self, after: Duration) -> Self {
+        self.idle_release = Some(after);
+        self
+    }
+
     pub(crate) fn effective_margin(&self) -> Duration {
         self.margin.unwrap_or(self.ttl / 5)
     }
@@ -559,6 +574,14 @@ impl RouterOptions {
     /// Nothing here may overflow, whatever the values.
     pub(crate) fn validate(&self) -> Result<()> {
         crate::replica_id::check("replica_id", self.replica_id.as_str())?;
+        if let Some(after) = self.idle_release {
+            in_range(
+                "idle_release",
+                after,
+                Duration::from_millis(100)..=Duration::from_secs(30 * 24 * 3600),
+                "",
+            )?;
+        }
         if !(0.0..=1000.0).contains(&self.placement_weight) {
             return Err(Error::InvalidOption {
                 option: "placement_weight",

@@ -197,6 +197,13 @@ impl Router {
             Arc::downgrade(&shared),
             shared.notices.subscribe(),
         ));
+        if let Some(idle) = shared.options.idle_release {
+            tokio::spawn(crate::protocol::idle_release::release_idle(
+                Arc::downgrade(&shared),
+                idle,
+                shutdown_rx.clone(),
+            ));
+        }
         let maintenance =
             tokio::spawn(maintain(shared.clone(), session, shutdown_rx).instrument(span));
         Ok(Router {

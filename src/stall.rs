@@ -33,7 +33,7 @@ const STALL: Duration = Duration::from_secs(1);
 const RECENT: Duration = Duration::from_secs(2);
 
 /// Milliseconds since the first use, as the atomics hold them (0: never).
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     static BASE: OnceLock<Instant> = OnceLock::new();
     let base = *BASE.get_or_init(Instant::now);
     // Never 0 once running, so 0 can mean "never".

@@ -4,8 +4,10 @@
 
 mod support;
 
-use pgtenant::{Error, Router};
-use support::{database, options, tenant};
+use std::time::Duration;
+
+use pgtenant::{Error, ErrorKind, Event, Router, TenantState};
+use support::{database, options, tenant, wait_event};
 
 #[tokio::test]
 async fn a_replica_registers_its_address_and_every_replica_locates_the_owner_there() {
@@ -60,7 +62,7 @@ async fn a_replica_registers_its_address_and_every_replica_locates_the_owner_the
         .expect("replica_status")
         .get(0);
     assert_eq!(address.as_deref(), Some("10.0.0.2:8080"));
-    let report = pgtenant::admin::status_report(&client, std::time::Duration::ZERO)
+    let report = pgtenant::admin::status_report(&client, Duration::ZERO)
         .await
         .expect("status report");
     let replica_a = report
@@ -265,5 +267,75 @@ async fn every_replica_and_psql_agree_on_each_tenants_home() {
     }
     for router in [a, b, c] {
         router.close().await;
+    }
+}
+
+/// Idle release: a tenant in use is never handed off, however long its work; once no work has
+/// used it for the idle time it is handed off (free in the control plane, the old handle
+/// refuses, another replica opens it at once).
+#[tokio::test]
+async fn an_idle_tenant_is_handed_off_and_one_in_use_is_not() {
+    let (db, _client) = database().await;
+    let idle = Duration::from_secs(1);
+    let a = Router::start(options(db.url(), "idle-a").idle_release(idle))
+        .await
+        .expect("a");
+    let b = support::router(db.url(), "idle-b").await;
+    let mut events = a.subscribe();
+    let id = tenant("idle");
+    let handle = a.open_or_create(&id).await.expect("open");
+    // Work that lasts well past the idle time: the tenant is in use all along.
+    handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute("SELECT pg_sleep(2.5)").await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .expect("long work");
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(event, Event::Draining { .. } | Event::HandedOff { .. }),
+            "handed off while in use: {event:?}"
+        );
+    }
+    // Then nothing uses it: handed off.
+    let handed = tokio::time::timeout(
+        Duration::from_secs(10),
+        wait_event(&mut events, id.key(), "handed_off"),
+    )
+    .await
+    .expect("handed off within 10 s of its last work");
+    assert!(
+        matches!(handed, Event::HandedOff { to: None, .. }),
+        "{handed:?}"
+    );
+    assert_eq!(
+        a.status(&id).await.expect("status").state,
+        TenantState::Free
+    );
+    let refused = handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.batch_execute("SELECT 1").await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .expect_err("the released handle refuses work");
+    assert_eq!(refused.kind(), ErrorKind::LeaseEnded, "{refused}");
+    b.open(&id).await.expect("another replica opens it at once");
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn an_idle_release_out_of_range_is_refused() {
+    let (db, _client) = database().await;
+    match Router::start(options(db.url(), "idle-x").idle_release(Duration::from_millis(10))).await {
+        Err(Error::InvalidOption { option, .. }) => assert_eq!(option, "idle_release"),
+        Err(other) => panic!("expected InvalidOption, got {other}"),
+        Ok(_) => panic!("10 ms was accepted"),
     }
 }

@@ -27,6 +27,7 @@
 //! | Forget (and restore) | `forget.rs` | tenant_migrations, acquire |
 //! | Open path | `open.rs` | acquire, abandon |
 //! | Close | `close.rs` | handoff |
+//! | Idle release (placement) | `idle_release.rs` | handoff |
 //! | `migrate_all` | `migrate_all.rs` | tenant_migrations, open, release |
 
 pub(crate) mod abandon;
@@ -36,6 +37,7 @@ pub(crate) mod fenced_transaction;
 pub(crate) mod forget;
 pub(crate) mod handoff;
 pub(crate) mod heartbeat;
+pub(crate) mod idle_release;
 pub(crate) mod migrate_all;
 pub(crate) mod open;
 pub(crate) mod release;

@@ -316,6 +316,8 @@ pub(crate) struct HeldLease {
     pub(crate) requests_table: AtomicBool,
     /// When this handle last deleted expired idempotent requests (ms on a process clock).
     pub(crate) requests_pruned_at: AtomicU64,
+    /// When work last ended here, or the tenure began (`stall::now_ms`): idle release's clock.
+    last_work_ms: AtomicU64,
     pub(crate) replica: Arc<Replica>,
 }
 
@@ -362,8 +364,18 @@ impl HeldLease {
             next_work: AtomicU64::new(0),
             requests_table: AtomicBool::new(false),
             requests_pruned_at: AtomicU64::new(0),
+            last_work_ms: AtomicU64::new(crate::stall::now_ms()),
             replica,
         }
+    }
+
+    /// How long no work has run here: zero while some is in flight.
+    pub(crate) fn idle_for(&self) -> Duration {
+        if self.in_flight() > 0 {
+            return Duration::ZERO;
+        }
+        let since = self.last_work_ms.load(Ordering::Acquire);
+        Duration::from_millis(crate::stall::now_ms().saturating_sub(since))
     }
 
     pub(crate) fn state(&self) -> HandleState {
@@ -561,6 +573,9 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.handle
+            .last_work_ms
+            .store(crate::stall::now_ms(), Ordering::Release);
         if self.handle.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.handle.idle.notify_waiters();
         }
