@@ -498,7 +498,7 @@ impl RouterOptions {
         self
     }
 
-    /// Where this replica's clients reach it (an URL such as `http://10.0.0.5:8080`, a
+    /// Where this replica's clients reach it (a URL such as `http://10.0.0.5:8080`, a
     /// `host:port`, whatever your routing layer understands): registered with each
     /// incarnation, shown in `pgtenant.replica_status` and `pgtenant status`, carried by
     /// [`Error::LeaseHeld`](crate::Error::LeaseHeld) and answered by

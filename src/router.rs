@@ -399,7 +399,8 @@ impl Router {
     /// for), the owner's registered [`address`](RouterOptions::address), whether that is this
     /// replica, and the tenant's home. One statement (`pgtenant.locate`: primary-key reads
     /// and one pass over the replicas); a tenant nobody holds, or that was never created, has
-    /// no owner: serve it here, or at its home.
+    /// no owner: serve it here, or at its home. It only reads: a cancelled call changed
+    /// nothing.
     pub async fn locate(&self, id: &TenantId) -> Result<Location> {
         let shared = self.shared();
         let client = shared
