@@ -96,7 +96,7 @@ pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions};
 pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
 pub use replica_id::{InvalidReplicaId, ReplicaId};
-pub use router::{CloseReport, Location, Router, Summary, TenantStatus};
+pub use router::{CloseReport, Location, Route, Router, Summary, TenantStatus};
 pub use schema_version::SchemaVersion;
 pub use sync::BoxFuture;
 

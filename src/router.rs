@@ -120,6 +120,24 @@ pub struct TenantStatus {
     pub in_flight: usize,
 }
 
+/// Where a request for a tenant goes, from [`Router::route`]: here or there, nothing else, so
+/// a `match` needs no third arm.
+#[derive(Debug, Clone)]
+pub enum Route {
+    /// This replica serves the tenant: run the request here.
+    Here(TenantHandle),
+    /// Another replica holds the tenant (or it is reserved for one): send the request there.
+    #[non_exhaustive]
+    There {
+        /// The replica.
+        owner: ReplicaId,
+        /// Where its clients reach it.
+        address: String,
+        /// The tenant's epoch when asked.
+        epoch: Epoch,
+    },
+}
+
 /// Where a tenant is served, from [`Router::locate`].
 #[derive(Debug, Clone, serde::Serialize)]
 #[non_exhaustive]
@@ -300,6 +318,43 @@ impl Router {
         crate::protocol::open::open(self.shared(), id, true)
             .await
             .map(TenantHandle::from_inner)
+    }
+
+    /// Where a request for `id` goes: [`Route::Here`] with a handle when this replica serves
+    /// the tenant (opening it, as [`Router::open`], or [`Router::open_or_create`] with
+    /// `create`, when it is free), or [`Route::There`] with the address of the replica that
+    /// holds it (or that a directed handoff reserved it for), to send the request to: one hop.
+    ///
+    /// The replica a request is sent to answers the same way, so a request that arrives after
+    /// the tenant moved on is not run there but sent on (or served, if the tenant became free):
+    /// work runs only under the lease of the replica that runs it, once per attempt. Framework
+    /// agnostic: the example service maps `There` to a forwarded HTTP request.
+    ///
+    /// Cancel-safe as `open`: a cancelled call may have opened the tenant here.
+    ///
+    /// # Errors
+    /// As [`Router::open`]; [`Error::LeaseHeld`] when the holder registered no
+    /// [`address`](RouterOptions::address).
+    pub async fn route(&self, id: &TenantId, create: bool) -> Result<Route> {
+        let opened = if create {
+            self.open_or_create(id).await
+        } else {
+            self.open(id).await
+        };
+        match opened {
+            Ok(handle) => Ok(Route::Here(handle)),
+            Err(Error::LeaseHeld {
+                owner,
+                epoch,
+                owner_address: Some(address),
+                ..
+            }) => Ok(Route::There {
+                owner,
+                address,
+                epoch,
+            }),
+            Err(error) => Err(error),
+        }
     }
 
     /// Waits until the tenant is free, then opens it (an existing tenant, like

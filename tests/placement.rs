@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use pgtenant::{Error, ErrorKind, Event, Router, TenantState};
+use pgtenant::{Error, ErrorKind, Event, Route, Router, TenantState};
 use support::{database, options, tenant, wait_event};
 
 #[tokio::test]
@@ -338,4 +338,49 @@ async fn an_idle_release_out_of_range_is_refused() {
         Err(other) => panic!("expected InvalidOption, got {other}"),
         Ok(_) => panic!("10 ms was accepted"),
     }
+}
+
+/// Routing: a request for a tenant another replica holds is sent to that replica's address;
+/// after the tenant moves, the replica that held it sends the request on instead of running it,
+/// and the new owner runs it, once.
+#[tokio::test]
+async fn a_request_reaches_the_owner_in_one_hop_and_runs_once() {
+    let (db, _client) = database().await;
+    let a = Router::start(options(db.url(), "route-a").address("a:1"))
+        .await
+        .expect("a");
+    let b = Router::start(options(db.url(), "route-b").address("b:1"))
+        .await
+        .expect("b");
+    let id = tenant("routed");
+    let Route::Here(held) = a.route(&id, true).await.expect("route at a") else {
+        panic!("a free tenant is served where the request lands");
+    };
+    support::create_log(&held).await;
+    match b.route(&id, false).await.expect("route at b") {
+        Route::There { owner, address, .. } => {
+            assert_eq!(owner.as_str(), "route-a");
+            assert_eq!(address, "a:1");
+        }
+        Route::Here(_) => panic!("b must not serve a tenant a holds"),
+    }
+    // The tenant moves to b; a request that still reaches a is sent on to b, and runs there.
+    held.handoff_to(b.replica_id()).await.expect("handoff to b");
+    let Route::There { owner, address, .. } = a.route(&id, false).await.expect("route at a") else {
+        panic!("a no longer serves the tenant");
+    };
+    assert_eq!((owner.as_str(), address.as_str()), ("route-b", "b:1"));
+    let Route::Here(at_b) = b.route(&id, false).await.expect("route at b") else {
+        panic!("the request is served where it was sent");
+    };
+    support::append(&at_b, "route-b", 1)
+        .await
+        .expect("the request runs once, at b");
+    assert_eq!(
+        support::count_rows(&at_b, "SELECT count(*) FROM log").await,
+        1,
+        "run once"
+    );
+    a.close().await;
+    b.close().await;
 }
