@@ -573,9 +573,12 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.handle
-            .last_work_ms
-            .store(crate::stall::now_ms(), Ordering::Release);
+        // Idle release's clock: off the hot path when nothing reads it.
+        if self.handle.replica.options.idle_release.is_some() {
+            self.handle
+                .last_work_ms
+                .store(crate::stall::now_ms(), Ordering::Release);
+        }
         if self.handle.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.handle.idle.notify_waiters();
         }

@@ -148,14 +148,12 @@ async fn ensure_table(handle: &Arc<HeldLease>) -> Result<()> {
 
 /// Whether this run also deletes expired records (once per [`PRUNE_EVERY`] per handle).
 fn due_for_pruning(handle: &HeldLease) -> bool {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let since = START.get_or_init(std::time::Instant::now).elapsed();
-    let now = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+    let now = crate::stall::now_ms();
     let last = handle.requests_pruned_at.load(Ordering::Acquire);
     let every = u64::try_from(PRUNE_EVERY.as_millis()).unwrap_or(u64::MAX);
     (last == 0 || now.saturating_sub(last) >= every)
         && handle
             .requests_pruned_at
-            .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
 }
