@@ -20,6 +20,7 @@
 --   V13__first_day
 --   V14__one_fence
 --   V15__placement
+--   V16__rebalancing
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -163,8 +164,10 @@ CREATE TABLE pgtenant.tenants (
 CREATE INDEX tenants_forgotten ON pgtenant.tenants USING btree (key) WHERE (schema_name IS NULL);
 CREATE INDEX tenants_owner ON pgtenant.tenants USING btree (owner, owner_incarnation, key) WHERE (owner IS NOT NULL);
 CREATE INDEX tenants_quarantined ON pgtenant.tenants USING btree (key) WHERE (quarantine_cause IS NOT NULL);
+CREATE INDEX tenants_reserved ON pgtenant.tenants USING btree (reserved_for, key) WHERE ((owner IS NULL) AND (reserved_for IS NOT NULL));
 CREATE INDEX tenants_schema_version ON pgtenant.tenants USING btree (schema_version) WHERE (schema_name IS NOT NULL);
 CREATE TRIGGER seal_on_takeover BEFORE UPDATE OF epoch ON pgtenant.tenants FOR EACH ROW WHEN (((old.owner IS NOT NULL) AND (new.owner IS NOT NULL) AND (new.epoch <> old.epoch) AND ((new.owner IS DISTINCT FROM old.owner) OR (new.owner_incarnation IS DISTINCT FROM old.owner_incarnation)))) EXECUTE FUNCTION pgtenant.seal_on_takeover();
+CREATE TRIGGER tenants_reserved_notify AFTER UPDATE OF reserved_for ON pgtenant.tenants FOR EACH ROW WHEN (((new.owner IS NULL) AND (new.reserved_for IS NOT NULL))) EXECUTE FUNCTION pgtenant.notify_reserved();
 COMMENT ON TABLE pgtenant.tenants IS 'One row per tenant id, kept after forget so epochs never repeat. The lease is (owner, owner_incarnation, epoch).';
 
 CREATE TABLE pgtenant.trash (
@@ -1202,19 +1205,17 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
+DECLARE
+    v_role name;
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v15(p_app, p_operator);
-    IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION
-                            pgtenant.register(text, integer, text, text, double precision),
-                            pgtenant.locate(text)
-                        TO %I', p_app);
-        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_app);
-    END IF;
-    IF p_operator IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.locate(text) TO %I', p_operator);
-        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_operator);
-    END IF;
+    PERFORM pgtenant.grant_roles_before_v16(p_app, p_operator);
+    FOREACH v_role IN ARRAY ARRAY[p_app, p_operator] LOOP
+        IF v_role IS NOT NULL THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.placement_members(integer),
+                                pgtenant.placement_moves(text, integer, boolean, integer),
+                                pgtenant.reserved_for(text, integer) TO %I', v_role);
+        END IF;
+    END LOOP;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
 
@@ -1314,6 +1315,27 @@ BEGIN
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v15(name, name) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v16(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v15(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+                            pgtenant.register(text, integer, text, text, double precision),
+                            pgtenant.locate(text)
+                        TO %I', p_app);
+        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.locate(text) TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.placement TO %I', p_operator);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v16(name, name) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
  RETURNS interval
@@ -1431,6 +1453,59 @@ CREATE OR REPLACE FUNCTION pgtenant.next_epoch(p_current bigint)
 AS $function$
     SELECT GREATEST(p_current OPERATOR(pg_catalog.+) 1, pgtenant.epoch_floor())
 $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.notify_reserved()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pg_notify('pgtenant_reserved', NEW.reserved_for);
+    RETURN NULL;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.notify_reserved() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.placement_members(p_stable_ms integer)
+ RETURNS TABLE(replica_id text, weight double precision, stable boolean)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT c.replica_id, c.weight,
+       r.started_at <= now() - p_stable_ms * interval '1 millisecond'
+  FROM pgtenant.placement_candidates c
+  JOIN pgtenant.replicas r USING (replica_id)
+ ORDER BY c.replica_id
+$function$;
+COMMENT ON FUNCTION pgtenant.placement_members(integer) IS 'The replicas tenants are placed on (placement_candidates), their weights, and whether each has been alive, in its current incarnation, for p_stable_ms: rebalancing moves tenants only to stable ones.';
+REVOKE EXECUTE ON FUNCTION pgtenant.placement_members(integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.placement_moves(p_replica text, p_stable_ms integer, p_leaving boolean, p_limit integer)
+ RETURNS TABLE(tenant text, epoch bigint, home text)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+WITH members AS MATERIALIZED (
+    SELECT array_agg(m.replica_id ORDER BY m.replica_id) AS ids,
+           array_agg(m.weight ORDER BY m.replica_id) AS weights
+      FROM pgtenant.placement_members(p_stable_ms) m
+     WHERE CASE WHEN m.replica_id = p_replica THEN NOT p_leaving ELSE m.stable END
+), mine AS (
+    SELECT t.key, t.epoch
+      FROM pgtenant.tenants t
+      JOIN pgtenant.replicas r ON r.replica_id = p_replica AND t.owner_incarnation = r.incarnation
+     WHERE t.owner = p_replica AND t.schema_name IS NOT NULL
+)
+SELECT h.key, h.epoch, h.home
+  FROM (SELECT mine.key, mine.epoch, pgtenant.home_among(mine.key, m.ids, m.weights) AS home
+          FROM mine, members m) h
+ WHERE h.home IS NOT NULL AND h.home <> p_replica
+ ORDER BY h.key
+ LIMIT p_limit
+$function$;
+COMMENT ON FUNCTION pgtenant.placement_moves(text, integer, boolean, integer) IS 'The tenants replica p_replica holds whose home is another replica, with that home: among the live replicas stable for p_stable_ms, and p_replica itself unless p_leaving (then every tenant gets its next home). At most p_limit rows.';
+REVOKE EXECUTE ON FUNCTION pgtenant.placement_moves(text, integer, boolean, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.placement_score(p_key text, p_replica text, p_weight double precision)
  RETURNS double precision
@@ -1745,6 +1820,22 @@ BEGIN
     RETURN true;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.request_handoff(text, text, bigint, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.reserved_for(p_replica text, p_limit integer)
+ RETURNS TABLE(tenant text)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT t.key
+  FROM pgtenant.tenants t
+ WHERE t.reserved_for = p_replica AND t.owner IS NULL AND t.reserved_until > now()
+   AND t.schema_name IS NOT NULL
+ ORDER BY t.key
+ LIMIT p_limit
+$function$;
+COMMENT ON FUNCTION pgtenant.reserved_for(text, integer) IS 'Tenants a directed handoff reserved for replica p_replica that it has not picked up yet (index tenants_reserved).';
+REVOKE EXECUTE ON FUNCTION pgtenant.reserved_for(text, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.reset_session(p_tenant text)
  RETURNS void

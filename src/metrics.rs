@@ -13,6 +13,8 @@
 //! | `pgtenant_heartbeat_seconds` | histogram | `outcome` = `renewed` / `failed` | heartbeat round trips |
 //! | `pgtenant_drain_seconds` | histogram | | how long handoffs waited for work in flight |
 //! | `pgtenant_releases_batched` | histogram | | releases per release transaction |
+//! | `pgtenant_placement_moves_total` | counter | | tenants this replica handed to their home (placement) |
+//! | `pgtenant_placement_pickups_total` | counter | | tenants reserved for this replica that it opened at once (placement) |
 //!
 //! [`Router::start`](crate::Router::start) calls [`describe`], so a recorder installed before
 //! it gets each metric's unit and help text; call [`describe`] yourself for one installed
@@ -40,6 +42,11 @@ pub const HEARTBEAT_SECONDS: &str = "pgtenant_heartbeat_seconds";
 pub const DRAIN_SECONDS: &str = "pgtenant_drain_seconds";
 /// Histogram: releases per release transaction.
 pub const RELEASES_BATCHED: &str = "pgtenant_releases_batched";
+
+/// Counter: tenants handed to their home by rebalancing.
+pub const PLACEMENT_MOVES: &str = "pgtenant_placement_moves_total";
+/// Counter: tenants reserved for this replica that it opened at once.
+pub const PLACEMENT_PICKUPS: &str = "pgtenant_placement_pickups_total";
 
 /// Registers every metric's unit and help text with the installed recorder.
 pub fn describe() {
@@ -76,6 +83,14 @@ pub fn describe() {
         RELEASES_BATCHED,
         Unit::Count,
         "Releases per release transaction."
+    );
+    metrics::describe_counter!(
+        PLACEMENT_MOVES,
+        "Tenants handed to their home by rebalancing."
+    );
+    metrics::describe_counter!(
+        PLACEMENT_PICKUPS,
+        "Tenants reserved for this replica that it opened at once."
     );
 }
 
@@ -115,4 +130,12 @@ pub(crate) fn drain_time(took: Duration) {
 
 pub(crate) fn releases_batched(size: usize) {
     metrics::histogram!(RELEASES_BATCHED).record(size as f64);
+}
+
+pub(crate) fn placement_move() {
+    metrics::counter!(PLACEMENT_MOVES).increment(1);
+}
+
+pub(crate) fn placement_pickup() {
+    metrics::counter!(PLACEMENT_PICKUPS).increment(1);
 }

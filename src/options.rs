@@ -38,6 +38,9 @@ pub struct RouterOptions {
     pub(crate) address: Option<String>,
     pub(crate) placement_weight: f64,
     pub(crate) idle_release: Option<Duration>,
+    pub(crate) placement: bool,
+    pub(crate) placement_stable_for: Duration,
+    pub(crate) placement_moves_per_second: usize,
     pub(crate) drain_timeout: Duration,
     pub(crate) open_timeout: Duration,
     pub(crate) max_open_tenants: usize,
@@ -136,6 +139,9 @@ impl RouterOptions {
             address: None,
             placement_weight: 1.0,
             idle_release: None,
+            placement: false,
+            placement_stable_for: Duration::from_secs(2),
+            placement_moves_per_second: 2000,
             drain_timeout: Duration::from_secs(30),
             open_timeout: Duration::from_secs(30),
             max_open_tenants: 100_000,
@@ -534,6 +540,39 @@ impl RouterOptions {
         self
     }
 
+    /// Turns placement on (DESIGN §5 "Placement", `docs/placement.md`): this replica hands
+    /// each tenant it holds whose home is another live replica, stable for
+    /// [`placement_stable_for`](Self::placement_stable_for), straight to that home (a directed
+    /// handoff, at most [`placement_moves_per_second`](Self::placement_moves_per_second)); it
+    /// picks up at once what another replica reserved for it; [`Router::close`](crate::Router::close)
+    /// hands each tenant to its next home; and [`Router::route`](crate::Router::route) sends a
+    /// request for a free tenant, or one whose owner died, to its home rather than opening it
+    /// wherever it landed (so a crashed replica's tenants are taken by their next homes, with no
+    /// herd). Every replica of a fleet should say the same. Default: off (a tenant stays where it
+    /// was first opened until it is handed off, released or its owner goes away).
+    #[must_use]
+    pub fn placement(mut self, on: bool) -> Self {
+        self.placement = on;
+        self
+    }
+
+    /// How long a replica must have been alive, in its current incarnation, before tenants are
+    /// moved to it: a member that restarts or flaps within it receives nothing. Its own
+    /// tenants never move away from it for this. Range 0..=1 hour; default 2 s.
+    #[must_use]
+    pub fn placement_stable_for(mut self, window: Duration) -> Self {
+        self.placement_stable_for = window;
+        self
+    }
+
+    /// At most this many tenants handed to their homes per second by this replica (each one
+    /// drained first, like any handoff). Range 1..=100 000; default 2 000.
+    #[must_use]
+    pub fn placement_moves_per_second(mut self, moves: usize) -> Self {
+        self.placement_moves_per_second = moves;
+        self
+    }
+
     pub(crate) fn effective_margin(&self) -> Duration {
         self.margin.unwrap_or(self.ttl / 5)
     }
@@ -582,6 +621,17 @@ impl RouterOptions {
                 "",
             )?;
         }
+        in_range(
+            "placement_stable_for",
+            self.placement_stable_for,
+            Duration::ZERO..=Duration::from_secs(3600),
+            "",
+        )?;
+        count_in_range(
+            "placement_moves_per_second",
+            self.placement_moves_per_second,
+            1..=100_000,
+        )?;
         if !(0.0..=1000.0).contains(&self.placement_weight) {
             return Err(Error::InvalidOption {
                 option: "placement_weight",

@@ -222,6 +222,13 @@ impl Router {
                 shutdown_rx.clone(),
             ));
         }
+        if shared.options.placement {
+            tokio::spawn(crate::protocol::rebalance::rebalance(
+                Arc::downgrade(&shared),
+                shutdown_rx.clone(),
+                shared.notices.subscribe(),
+            ));
+        }
         let maintenance =
             tokio::spawn(maintain(shared.clone(), session, shutdown_rx).instrument(span));
         Ok(Router {
@@ -324,11 +331,16 @@ impl Router {
     /// the tenant (opening it, as [`Router::open`], or [`Router::open_or_create`] with
     /// `create`, when it is free), or [`Route::There`] with the address of the replica that
     /// holds it (or that a directed handoff reserved it for), to send the request to: one hop.
+    /// With [`placement`](RouterOptions::placement) on, a tenant nobody serves (free, or its
+    /// owner dead) goes to its home rather than being opened wherever the request landed, so a
+    /// crashed replica's tenants are taken by their next homes, each by one, with no herd; this
+    /// costs one read ([`Router::locate`]) when the tenant is not served here.
     ///
     /// The replica a request is sent to answers the same way, so a request that arrives after
     /// the tenant moved on is not run there but sent on (or served, if the tenant became free):
     /// work runs only under the lease of the replica that runs it, once per attempt. Framework
-    /// agnostic: the example service maps `There` to a forwarded HTTP request.
+    /// agnostic: the example service maps `There` to a forwarded HTTP request, and a request
+    /// that was forwarded once to [`Router::route_forwarded`].
     ///
     /// Cancel-safe as `open`: a cancelled call may have opened the tenant here.
     ///
@@ -336,6 +348,42 @@ impl Router {
     /// As [`Router::open`]; [`Error::LeaseHeld`] when the holder registered no
     /// [`address`](RouterOptions::address).
     pub async fn route(&self, id: &TenantId, create: bool) -> Result<Route> {
+        let shared = self.shared();
+        if shared.options.placement && self.handle_of(id).is_none() {
+            let location = self.locate(id).await?;
+            let me = &shared.options.replica_id;
+            let held_elsewhere = location.owner.as_ref().is_some_and(|owner| owner != me)
+                && (location.owner_alive || location.reserved);
+            let target = if held_elsewhere {
+                location.owner.zip(location.address)
+            } else {
+                location
+                    .home
+                    .filter(|home| home != me)
+                    .zip(location.home_address)
+            };
+            if let Some((owner, address)) = target {
+                return Ok(Route::There {
+                    owner,
+                    address,
+                    epoch: location.epoch,
+                });
+            }
+        }
+        self.route_forwarded(id, create).await
+    }
+
+    /// [`Router::route`] for a request another replica already sent here: serves it here when
+    /// the tenant is free, whatever its home, so a request never travels twice on placement's
+    /// say-so (two replicas whose views of the members differ for an instant cannot bounce it);
+    /// [`Route::There`] only when another replica holds the tenant or it is reserved for one.
+    /// Without placement, the same as `route`.
+    ///
+    /// Cancel-safe as `open`: a cancelled call may have opened the tenant here.
+    ///
+    /// # Errors
+    /// As [`Router::route`].
+    pub async fn route_forwarded(&self, id: &TenantId, create: bool) -> Result<Route> {
         let opened = if create {
             self.open_or_create(id).await
         } else {

@@ -9,6 +9,7 @@
 //! * `sessions.rs`: session fencing's bind, seal and terminate, and the session reset.
 //! * `tenants.rs`: forget, restore, schema_migrated, quarantine, the tenants a migration walks.
 //! * `replicas.rs`: register, deregister, heartbeat, liveness, lock keys.
+//! * `placement.rs`: placement's members, moves and reservations (rebalancing, close).
 //! * `sweep.rs`: the trash, the sweep's records, pruning.
 //! * `admin.rs`: the operators' reads and calls.
 //! * `citus.rs`: whether the database has Citus, and what stays local to its coordinator.
@@ -25,6 +26,7 @@ pub(crate) mod admin;
 pub(crate) mod citus;
 pub(crate) mod fence;
 pub(crate) mod leases;
+pub(crate) mod placement;
 pub(crate) mod replicas;
 pub(crate) mod sessions;
 pub(crate) mod setup;

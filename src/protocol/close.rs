@@ -1,15 +1,18 @@
 //! Close (DESIGN §5 "Close"): refuse new opens, wait for acquisitions in flight, hand off
-//! every open tenant `close_concurrency` at a time, wait for forgets under way, and report the
+//! every open tenant `close_concurrency` at a time (with placement on, each to its next home,
+//! DESIGN §5 "Placement"), wait for forgets under way, and report the
 //! tenants whose handoff failed. The router then stops the heartbeat task, which deregisters
 //! the incarnation and frees the liveness lock (`heartbeat.rs`, `replica_start.rs`).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tracing::warn;
 
 use crate::error::Error;
 use crate::id::TenantId;
-use crate::lease::HandleState;
+use crate::lease::{Epoch, HandleState};
+use crate::replica_id::ReplicaId;
 use crate::protocol::handoff::hand_over;
 use crate::state::replica::{HeldLease, Replica};
 use crate::sync::{join_all, lock};
@@ -57,6 +60,11 @@ pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
         .acquisitions_done(options.open_timeout.saturating_add(options.drain_timeout))
         .await;
     let queue: Vec<Arc<HeldLease>> = lock(&shared.handles).values().cloned().collect();
+    let homes = if options.placement {
+        next_homes(shared, queue.len()).await
+    } else {
+        HashMap::new()
+    };
     let queue = Mutex::new(queue.into_iter());
     let report = Mutex::new(CloseReport::default());
     let lane = || async {
@@ -64,7 +72,8 @@ pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
             let next = lock(&queue).next();
             let Some(inner) = next else { return };
             let id = inner.id.clone();
-            match hand_over(&inner, None).await {
+            let home = homes.get(&id).filter(|(epoch, _)| *epoch == inner.epoch);
+            match hand_over(&inner, home.map(|(_, home)| home)).await {
                 Ok(()) => lock(&report).handed_off.push(id),
                 // A forget (or another handoff) is under way: wait for it to finish.
                 Err(Error::Draining { .. }) if inner.wait_ended(options.drain_timeout).await => {
@@ -88,4 +97,38 @@ pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
     report
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// With placement on, each tenant's next home: its home among the other live, stable replicas
+/// (`pgtenant.placement_moves` as if this replica had left), so a rolling restart hands each
+/// tenant to the replica it belongs on next, warm, rather than to whoever asks first. Empty
+/// when the database cannot say (the tenants are then released for anyone, as without
+/// placement).
+async fn next_homes(shared: &Replica, held: usize) -> HashMap<TenantId, (Epoch, ReplicaId)> {
+    let options = &shared.options;
+    let client = match shared.pool.get().await {
+        Ok(client) => client,
+        Err(error) => {
+            warn!(%error, "no connection to find the tenants' next homes; releasing them for anyone");
+            return HashMap::new();
+        }
+    };
+    match crate::db::placement::placement_moves(
+        &client,
+        &options.replica_id,
+        options.placement_stable_for,
+        true,
+        held.saturating_add(1),
+    )
+    .await
+    {
+        Ok(moves) => moves
+            .into_iter()
+            .map(|m| (m.tenant, (m.epoch, m.home)))
+            .collect(),
+        Err(error) => {
+            warn!(%error, "could not find the tenants' next homes; releasing them for anyone");
+            HashMap::new()
+        }
+    }
 }

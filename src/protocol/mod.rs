@@ -28,6 +28,7 @@
 //! | Open path | `open.rs` | acquire, abandon |
 //! | Close | `close.rs` | handoff |
 //! | Idle release (placement) | `idle_release.rs` | handoff |
+//! | Placement: rebalancing | `rebalance.rs` | open, handoff |
 //! | `migrate_all` | `migrate_all.rs` | tenant_migrations, open, release |
 
 pub(crate) mod abandon;
@@ -40,6 +41,7 @@ pub(crate) mod heartbeat;
 pub(crate) mod idle_release;
 pub(crate) mod migrate_all;
 pub(crate) mod open;
+pub(crate) mod rebalance;
 pub(crate) mod release;
 pub(crate) mod replica_start;
 pub(crate) mod session_fencing;

@@ -26,7 +26,7 @@ use crate::lease::Incarnation;
 use crate::options::RouterOptions;
 use crate::replica_id::ReplicaId;
 use crate::state::bindings::Mode;
-use crate::state::liveness::{Notice, FREE_CHANNEL, HANDOFF_CHANNEL};
+use crate::state::liveness::{Notice, FREE_CHANNEL, HANDOFF_CHANNEL, RESERVED_CHANNEL};
 use crate::state::releases::ReleaseQueue;
 use crate::state::replica::{Replica, EVENT_BUFFER};
 
@@ -80,7 +80,7 @@ pub(crate) struct LeaseSession {
 
 impl LeaseSession {
     /// Connects, takes the replica's liveness lock and registers a new incarnation.
-    /// NOTIFYs on `pgtenant_free` and `pgtenant_handoff` are forwarded to `notices`: the lease
+    /// NOTIFYs on `pgtenant_free`, `pgtenant_handoff` and `pgtenant_reserved` are forwarded to `notices`: the lease
     /// session is never pooled, so it can LISTEN without leaking session state.
     pub(crate) async fn open(
         options: &RouterOptions,
@@ -217,7 +217,7 @@ async fn register(
         .batch_execute(&format!(
             "{bounds}SET idle_session_timeout = 0; SET idle_in_transaction_session_timeout = 0;
              SET statement_timeout = 0; SET default_transaction_read_only = off;
-             LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}"
+             LISTEN {FREE_CHANNEL}; LISTEN {HANDOFF_CHANNEL}; LISTEN {RESERVED_CHANNEL}"
         ))
         .await
         .map_err(Error::db("configure the lease session"))?;

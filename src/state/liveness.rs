@@ -93,3 +93,6 @@ pub(crate) struct Notice {
 pub(crate) const FREE_CHANNEL: &str = "pgtenant_free";
 /// Channel on which replicas ask an owner for a tenant (payload: JSON).
 pub(crate) const HANDOFF_CHANNEL: &str = "pgtenant_handoff";
+/// Channel on which a release reserved for a replica tells it (payload: its id), control plane
+/// V16: with placement on, it picks the tenant up at once.
+pub(crate) const RESERVED_CHANNEL: &str = "pgtenant_reserved";

@@ -1,0 +1,212 @@
+//! Rebalancing (DESIGN §5 "Placement"): with [`RouterOptions::placement`](crate::RouterOptions::placement)
+//! on, each replica hands the tenants it holds whose home is another replica straight to that
+//! home (a directed handoff, `handoff.rs`), and opens at once what another replica reserved
+//! for it (`open.rs`).
+//!
+//! A home is computed in PostgreSQL (`pgtenant.placement_moves`, weighted rendezvous hashing)
+//! among the live replicas that have been alive, in their current incarnation, for
+//! `placement_stable_for`, this replica always included: a joiner receives nothing until it is
+//! stable, and one that restarts or flaps within the window receives nothing at all. The
+//! members (ids, weights, stable or not) are read every [`PERIOD`]; the moves are looked for
+//! when they change, while a round found more than it could move, and every [`RECHECK`] (a
+//! tenant opened here on demand whose home is elsewhere). A round moves at most
+//! `placement_moves_per_second × PERIOD` tenants, [`LANES`] at a time, each drained first like
+//! any handoff (a busy tenant whose drain times out stays, and is tried again at the next
+//! look).
+//!
+//! The receiving side: a release reserved for this replica NOTIFYs `pgtenant_reserved` with
+//! its id (control plane V16), and this task opens what `pgtenant.reserved_for` lists, so a
+//! moved tenant is served again within milliseconds rather than at its next request. A forged
+//! notice costs one indexed read: only what is really reserved here is opened. The reads also
+//! run every [`PICKUP_EVERY`] in case a notice was missed (the lease session reconnecting).
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, watch};
+use tracing::debug;
+
+use crate::db;
+use crate::db::placement::Member;
+use crate::error::pool_error;
+use crate::error::Result;
+use crate::state::liveness::{Notice, RESERVED_CHANNEL};
+use crate::state::replica::Replica;
+use crate::sync::join_all;
+
+/// How often the members are read.
+pub(crate) const PERIOD: Duration = Duration::from_millis(250);
+/// A look for moves at least this often, membership unchanged.
+pub(crate) const RECHECK: Duration = Duration::from_secs(5);
+/// The reserved tenants are read at least this often without a notice.
+pub(crate) const PICKUP_EVERY: Duration = Duration::from_secs(2);
+/// Handoffs or opens at once.
+pub(crate) const LANES: usize = 16;
+/// Reserved tenants read at a time.
+const PICKUP_BATCH: usize = 512;
+
+/// Rebalances `replica` until the router closes or is dropped.
+pub(crate) async fn rebalance(
+    replica: Weak<Replica>,
+    mut shutdown: watch::Receiver<bool>,
+    mut notices: broadcast::Receiver<Notice>,
+) {
+    let mut seen: Option<Vec<Member>> = None;
+    let mut last_look: Option<Instant> = None;
+    let mut more_to_move = false;
+    let mut last_pickup: Option<Instant> = None;
+    let mut pickup_due = true;
+    let mut next_tick = Instant::now();
+    loop {
+        // Wait for the tick, or a notice that something was reserved for this replica.
+        loop {
+            if pickup_due {
+                break;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_tick.into()) => break,
+                _ = shutdown.changed() => return,
+                notice = notices.recv() => match notice {
+                    Ok(n) if n.channel == RESERVED_CHANNEL => {
+                        let Some(replica) = replica.upgrade() else { return };
+                        if n.payload == replica.options.replica_id.as_str() {
+                            pickup_due = true;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => pickup_due = true,
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        let Some(replica) = replica.upgrade() else {
+            return;
+        };
+        if replica.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        if pickup_due || last_pickup.is_none_or(|at| now - at >= PICKUP_EVERY) {
+            pickup_due = false;
+            last_pickup = Some(now);
+            match pick_up(&replica).await {
+                // A full batch: more may be waiting.
+                Ok(picked) => pickup_due = picked >= PICKUP_BATCH,
+                Err(error) => debug!(%error, "could not read the tenants reserved for this replica"),
+            }
+        }
+        if Instant::now() < next_tick {
+            continue;
+        }
+        next_tick = Instant::now() + PERIOD;
+        let options = &replica.options;
+        let members = {
+            let client = match replica.pool.get().await {
+                Ok(client) => client,
+                Err(error) => {
+                    debug!(%error, "no connection to read the placement members");
+                    continue;
+                }
+            };
+            match db::placement::placement_members(&client, options.placement_stable_for).await {
+                Ok(members) => members,
+                Err(error) => {
+                    debug!(%error, "could not read the placement members");
+                    continue;
+                }
+            }
+        };
+        let changed = seen.as_ref() != Some(&members);
+        let due = last_look.is_none_or(|at| at.elapsed() >= RECHECK);
+        if !(changed || due || more_to_move) {
+            continue;
+        }
+        seen = Some(members);
+        last_look = Some(Instant::now());
+        let budget = (options.placement_moves_per_second as f64 * PERIOD.as_secs_f64())
+            .ceil()
+            .max(1.0) as usize;
+        match move_home(&replica, budget).await {
+            Ok(moved) => more_to_move = moved >= budget,
+            Err(error) => debug!(%error, "could not look for tenants away from home"),
+        }
+    }
+}
+
+/// Opens the tenants reserved for this replica; how many were listed.
+async fn pick_up(replica: &Arc<Replica>) -> Result<usize> {
+    let reserved = {
+        let client = replica
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("read the tenants reserved for this replica"))?;
+        db::placement::reserved_for(&client, &replica.options.replica_id, PICKUP_BATCH)
+            .await
+            .map_err(crate::error::Error::db(
+                "read the tenants reserved for this replica",
+            ))?
+    };
+    let listed = reserved.len();
+    let queue = std::sync::Mutex::new(reserved.into_iter());
+    let lane = || async {
+        loop {
+            let next = crate::sync::lock(&queue).next();
+            let Some(id) = next else { return };
+            match crate::protocol::open::open(replica, &id, false).await {
+                Ok(_) => crate::metrics::placement_pickup(),
+                Err(error) => debug!(tenant = %id, %error, "could not pick up a reserved tenant"),
+            }
+        }
+    };
+    join_all((0..LANES).map(|_| lane())).await;
+    Ok(listed)
+}
+
+/// Hands up to `budget` tenants held here to their homes; how many were listed.
+async fn move_home(replica: &Arc<Replica>, budget: usize) -> Result<usize> {
+    let options = &replica.options;
+    let moves = {
+        let client = replica
+            .pool
+            .get()
+            .await
+            .map_err(pool_error("look for tenants away from home"))?;
+        db::placement::placement_moves(
+            &client,
+            &options.replica_id,
+            options.placement_stable_for,
+            false,
+            budget,
+        )
+        .await
+        .map_err(crate::error::Error::db("look for tenants away from home"))?
+    };
+    let listed = moves.len();
+    let queue = std::sync::Mutex::new(moves.into_iter());
+    let lane = || async {
+        loop {
+            let next = crate::sync::lock(&queue).next();
+            let Some(next) = next else { return };
+            let Some(handle) = replica
+                .handle(&next.tenant)
+                .filter(|h| h.is_serving() && h.epoch == next.epoch)
+            else {
+                continue;
+            };
+            match crate::protocol::handoff::hand_over(&handle, Some(&next.home)).await {
+                Ok(()) => crate::metrics::placement_move(),
+                // Busy (the drain gave up), or the tenure ended meanwhile: the next look
+                // tries again.
+                Err(error) => {
+                    debug!(tenant = %next.tenant, to = %next.home, %error, "could not move a tenant home");
+                }
+            }
+        }
+    };
+    join_all((0..LANES).map(|_| lane())).await;
+    Ok(listed)
+}
