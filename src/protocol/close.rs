@@ -12,8 +12,8 @@ use tracing::warn;
 use crate::error::Error;
 use crate::id::TenantId;
 use crate::lease::{Epoch, HandleState};
-use crate::replica_id::ReplicaId;
 use crate::protocol::handoff::hand_over;
+use crate::replica_id::ReplicaId;
 use crate::state::replica::{HeldLease, Replica};
 use crate::sync::{join_all, lock};
 

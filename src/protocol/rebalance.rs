@@ -95,7 +95,9 @@ pub(crate) async fn rebalance(
             match pick_up(&replica).await {
                 // A full batch: more may be waiting.
                 Ok(picked) => pickup_due = picked >= PICKUP_BATCH,
-                Err(error) => debug!(%error, "could not read the tenants reserved for this replica"),
+                Err(error) => {
+                    debug!(%error, "could not read the tenants reserved for this replica")
+                }
             }
         }
         if Instant::now() < next_tick {

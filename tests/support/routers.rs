@@ -21,14 +21,27 @@ pub(crate) fn fencing() -> Fencing {
 }
 
 pub(crate) fn options(url: &str, replica: &str) -> RouterOptions {
-    RouterOptions::from_url(replica, url)
+    let options = RouterOptions::from_url(replica, url)
         .expect("url")
         .ttl(TTL)
         .margin(Duration::from_millis(400))
         .heartbeat_period(Duration::from_millis(300))
         .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
         .pool_size(8)
-        .fencing(fencing())
+        .fencing(fencing());
+    // A child process of a placement test: placement on, with this stability window (ms).
+    match std::env::var("PGTENANT_TEST_PLACEMENT").map(|ms| ms.parse::<u64>()) {
+        Ok(Ok(stable_ms)) => placed(options, replica, Duration::from_millis(stable_ms)),
+        _ => options,
+    }
+}
+
+/// `options` with placement on, stable after `stable_for`, reached at `test://<replica>`.
+pub(crate) fn placed(options: RouterOptions, replica: &str, stable_for: Duration) -> RouterOptions {
+    options
+        .placement(true)
+        .placement_stable_for(stable_for)
+        .address(format!("test://{replica}"))
 }
 
 pub(crate) async fn router(url: &str, replica: &str) -> Router {

@@ -1,0 +1,387 @@
+//! Placement (#30), second part: rebalancing. With `RouterOptions::placement` on, each replica
+//! hands the tenants it holds whose home is another stable replica straight to that home, the
+//! home picks them up at once, `close()` hands each tenant to its next home, and a tenant nobody
+//! serves is routed to its home. Real routers (and a real process, killed) against a real
+//! PostgreSQL; homes are computed by the database (`pgtenant.home_among`) for the expectations.
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use pgtenant::{Event, Route, Router, TenantId};
+use support::{database, options, placed, tenant, ReplicaProcess};
+
+/// Entry point of the replica child processes (does nothing when run as a plain test).
+#[test]
+#[ignore = "entry point of the replica child processes"]
+fn replica_child() {
+    support::child_main();
+}
+
+const STABLE: Duration = Duration::from_millis(300);
+
+async fn start(url: &str, name: &str, stable_for: Duration) -> Router {
+    Router::start(placed(options(url, name), name, stable_for))
+        .await
+        .expect("router starts")
+}
+
+/// Each key's home among `replicas` (weight 1 each), as the database computes it.
+async fn homes(
+    client: &tokio_postgres::Client,
+    keys: &[String],
+    replicas: &[&str],
+) -> HashMap<String, String> {
+    let weights = vec![1.0_f64; replicas.len()];
+    client
+        .query(
+            "SELECT k, pgtenant.home_among(k, $2, $3) FROM unnest($1::text[]) k",
+            &[&keys, &replicas, &weights],
+        )
+        .await
+        .expect("homes")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Each live tenant's owner (None when free).
+async fn owners(client: &tokio_postgres::Client) -> BTreeMap<String, Option<String>> {
+    client
+        .query(
+            "SELECT key, owner FROM pgtenant.tenants WHERE schema_name IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("owners")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// Waits (up to `limit`) until every live tenant is held by its home per `pgtenant.placement`.
+async fn all_at_home(client: &tokio_postgres::Client, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let away: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pgtenant.placement WHERE owner IS NULL OR NOT at_home",
+                &[],
+            )
+            .await
+            .expect("placement")
+            .get(0);
+        if away == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{away} tenants still away from home after {limit:?}: {:?}",
+            owners(client).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `HandedOff` events received so far: (tenant key, target).
+fn handed_off(
+    events: &mut tokio::sync::broadcast::Receiver<Event>,
+) -> Vec<(String, Option<String>)> {
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let Event::HandedOff { tenant, to, .. } = event {
+            seen.push((tenant.key().to_owned(), to.map(|to| to.as_str().to_owned())));
+        }
+    }
+    seen
+}
+
+async fn create_at(router: &Router, ids: &[TenantId]) {
+    for id in ids {
+        router.open_or_create(id).await.expect("create");
+    }
+}
+
+#[tokio::test]
+async fn a_joiner_receives_exactly_the_tenants_whose_home_it_became_and_nothing_moves_between_the_others(
+) {
+    let (db, client) = database().await;
+    let a = start(db.url(), "rb-a", STABLE).await;
+    let b = start(db.url(), "rb-b", STABLE).await;
+    let c = start(db.url(), "rb-c", STABLE).await;
+    let ids: Vec<TenantId> = (0..80).map(|i| tenant(&format!("join-{i}"))).collect();
+    let keys: Vec<String> = ids.iter().map(|id| id.key().to_owned()).collect();
+    // All opened at one replica: rebalancing hands two thirds of them to b and c.
+    create_at(&a, &ids).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+
+    let mut events: Vec<_> = [&a, &b, &c].iter().map(|r| r.subscribe()).collect();
+    let before = homes(&client, &keys, &["rb-a", "rb-b", "rb-c"]).await;
+    let after = homes(&client, &keys, &["rb-a", "rb-b", "rb-c", "rb-d"]).await;
+    let share: Vec<&String> = keys.iter().filter(|k| before[*k] != after[*k]).collect();
+    assert!(
+        share.iter().all(|k| after[*k] == "rb-d"),
+        "a joiner only takes homes"
+    );
+    let d = start(db.url(), "rb-d", STABLE).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+
+    let moves: Vec<(String, Option<String>)> = events.iter_mut().flat_map(handed_off).collect();
+    assert!(
+        moves.iter().all(|(_, to)| to.as_deref() == Some("rb-d")),
+        "every move went to the joiner, none between the others: {moves:?}"
+    );
+    let mut moved: Vec<&String> = moves.iter().map(|(k, _)| k).collect();
+    moved.sort();
+    let mut expected = share.clone();
+    expected.sort();
+    assert_eq!(
+        moved, expected,
+        "exactly the joiner's share moved, each once"
+    );
+    let held = owners(&client).await;
+    assert!(share.iter().all(|k| held[*k].as_deref() == Some("rb-d")));
+    for router in [a, b, c, d] {
+        router.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_member_that_flaps_within_the_stability_window_receives_nothing() {
+    let (db, client) = database().await;
+    let window = Duration::from_secs(3);
+    let a = start(db.url(), "flap-a", window).await;
+    let ids: Vec<TenantId> = (0..30).map(|i| tenant(&format!("flap-{i}"))).collect();
+    create_at(&a, &ids).await;
+    let mut events = a.subscribe();
+
+    // A member that comes and goes three times, each life shorter than the window.
+    for _ in 0..3 {
+        let flapping = start(db.url(), "flap-b", window).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        flapping.close().await;
+    }
+    assert_eq!(
+        handed_off(&mut events),
+        vec![],
+        "nothing moves to a member alive for less than the window"
+    );
+
+    // Once it stays, its share moves to it, and not before it was alive for the window (by
+    // the database's clock: its registration against the first handoff to it).
+    let b = start(db.url(), "flap-b", window).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+    let waited: f64 = client
+        .query_one(
+            "SELECT extract(epoch FROM
+                    (SELECT min(at) FROM pgtenant.history
+                      WHERE replica_id = 'flap-a' AND event = 'handed_off'
+                        AND detail = 'reserved for flap-b')
+                  - (SELECT max(at) FROM pgtenant.history
+                      WHERE replica_id = 'flap-b' AND event = 'registered'))::float8",
+            &[],
+        )
+        .await
+        .expect("history")
+        .get(0);
+    assert!(
+        waited >= window.as_secs_f64(),
+        "the first move came {waited} s after the member registered, within the {window:?} window"
+    );
+    assert!(!handed_off(&mut events).is_empty(), "its share moved to it");
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn close_hands_each_tenant_to_its_next_home_which_serves_it_at_once() {
+    let (db, client) = database().await;
+    let a = start(db.url(), "next-a", STABLE).await;
+    let b = start(db.url(), "next-b", STABLE).await;
+    let c = start(db.url(), "next-c", STABLE).await;
+    let ids: Vec<TenantId> = (0..60).map(|i| tenant(&format!("next-{i}"))).collect();
+    create_at(&b, &ids).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+    let held = owners(&client).await;
+    let at_a: Vec<String> = held
+        .iter()
+        .filter(|(_, owner)| owner.as_deref() == Some("next-a"))
+        .map(|(key, _)| key.clone())
+        .collect();
+    assert!(!at_a.is_empty());
+    let next = homes(&client, &at_a, &["next-b", "next-c"]).await;
+
+    let mut events = a.subscribe();
+    let report = a.close().await;
+    assert_eq!(report.handed_off.len(), at_a.len(), "{report:?}");
+    let moves: HashMap<String, Option<String>> = handed_off(&mut events).into_iter().collect();
+    for key in &at_a {
+        assert_eq!(
+            moves.get(key).cloned().flatten().as_ref(),
+            Some(&next[key]),
+            "{key} was handed to its next home"
+        );
+    }
+    // Picked up by the next homes without any request for them.
+    all_at_home(&client, Duration::from_secs(10)).await;
+    let held = owners(&client).await;
+    assert!(at_a
+        .iter()
+        .all(|key| held[key].as_deref() == Some(next[key].as_str())));
+    b.close().await;
+    c.close().await;
+}
+
+#[tokio::test]
+async fn a_replica_of_weight_zero_hands_everything_to_the_others() {
+    let (db, client) = database().await;
+    let a = Router::start(placed(options(db.url(), "w0-a"), "w0-a", STABLE).placement_weight(0.0))
+        .await
+        .expect("a starts");
+    let b = start(db.url(), "w0-b", STABLE).await;
+    let ids: Vec<TenantId> = (0..20).map(|i| tenant(&format!("w0-{i}"))).collect();
+    create_at(&a, &ids).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+    let held = owners(&client).await;
+    assert!(
+        held.values().all(|owner| owner.as_deref() == Some("w0-b")),
+        "{held:?}"
+    );
+    assert_eq!(a.open_count(), 0);
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn a_crashed_replicas_tenants_are_taken_by_their_next_homes_one_each_with_no_herd() {
+    let (db, client) = database().await;
+    // The child never moves anything (its window outlasts the test): it holds every tenant
+    // when it is killed.
+    let mut child = ReplicaProcess::spawn_with(
+        "replica_child",
+        db.url(),
+        "herd-dead",
+        &[("PGTENANT_TEST_PLACEMENT", "3600000")],
+    );
+    child.ready().await;
+    let ledgers: Vec<String> = (0..24).map(|i| format!("herd-{i}")).collect();
+    for ledger in &ledgers {
+        let reply = child.request(&format!("open {ledger}")).await;
+        assert!(
+            reply.as_deref().is_some_and(|r| r.starts_with("opened")),
+            "{reply:?}"
+        );
+    }
+    let b = start(db.url(), "herd-b", STABLE).await;
+    let c = start(db.url(), "herd-c", STABLE).await;
+    let keys: Vec<String> = ledgers.iter().map(|l| tenant(l).key().to_owned()).collect();
+    let expected = homes(&client, &keys, &["herd-b", "herd-c"]).await;
+    let mut events: Vec<_> = [&b, &c].iter().map(|r| r.subscribe()).collect();
+    child.kill();
+
+    // Every tenant is asked for at both survivors at once, as a load balancer spreads a
+    // client's retries: each request goes where route says, at most one hop.
+    let fleet = [("herd-b", &b), ("herd-c", &c)];
+    let requests = ledgers.iter().flat_map(|ledger| {
+        let fleet = &fleet;
+        (0..2).map(move |from| serve(fleet, from, tenant(ledger)))
+    });
+    let served: Vec<(String, &str)> = support::join_all(requests.collect()).await;
+    for (key, by) in &served {
+        assert_eq!(
+            by,
+            &expected[key].as_str(),
+            "{key} was served by its next home"
+        );
+    }
+    // One acquisition per tenant, by its home: nobody raced for it.
+    let mut acquired: HashMap<String, Vec<&str>> = HashMap::new();
+    for (events, (name, _)) in events.iter_mut().zip(&fleet) {
+        while let Ok(event) = events.try_recv() {
+            if let Event::Acquired { tenant, .. } = event {
+                acquired
+                    .entry(tenant.key().to_owned())
+                    .or_default()
+                    .push(name);
+            }
+        }
+    }
+    for key in &keys {
+        assert_eq!(
+            acquired.get(key).map(Vec::as_slice),
+            Some(&[expected[key].as_str()][..]),
+            "{key} acquired once, by its home"
+        );
+    }
+    b.close().await;
+    c.close().await;
+}
+
+/// A client's request for `id` sent to `fleet[from]`: where it was served, after at most one
+/// forward (retrying while the dead owner's lease runs out, as a client would).
+async fn serve<'a>(fleet: &[(&'a str, &Router)], from: usize, id: TenantId) -> (String, &'a str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(Instant::now() < deadline, "{id} not served within 20 s");
+        match fleet[from].1.route(&id, false).await {
+            Ok(Route::Here(_)) => return (id.key().to_owned(), fleet[from].0),
+            Ok(Route::There { owner, .. }) => {
+                let Some((name, router)) = fleet.iter().find(|(name, _)| *name == owner.as_str())
+                else {
+                    // The dead owner, whose lease has not run out yet: the client retries.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                match router.route_forwarded(&id, false).await {
+                    Ok(Route::Here(_)) => return (id.key().to_owned(), name),
+                    other => panic!("{id}: the forwarded request was not served: {other:?}"),
+                }
+            }
+            Err(error) if error.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("{id}: {error}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn with_placement_a_free_tenant_is_routed_to_its_home_and_without_it_nothing_moves() {
+    let (db, client) = database().await;
+    // Placement off at a: it opens what it is asked for and never hands anything on.
+    let a = Router::start(options(db.url(), "off-a").address("test://off-a"))
+        .await
+        .expect("a starts");
+    let b = start(db.url(), "off-b", Duration::ZERO).await;
+    let ids: Vec<TenantId> = (0..20).map(|i| tenant(&format!("off-{i}"))).collect();
+    let keys: Vec<String> = ids.iter().map(|id| id.key().to_owned()).collect();
+    let expected = homes(&client, &keys, &["off-a", "off-b"]).await;
+    let mut events = a.subscribe();
+    for id in &ids {
+        assert!(matches!(a.route(id, true).await, Ok(Route::Here(_))));
+    }
+    // b's rebalancer would have moved them within a few of its 250 ms periods; a has none.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(handed_off(&mut events), vec![]);
+    assert_eq!(a.open_count(), ids.len());
+    a.close().await;
+
+    // Placement on at c: a free tenant whose home is b is routed there; one whose home is c
+    // opens at c.
+    let c = start(db.url(), "off-c", Duration::ZERO).await;
+    let expected_now = homes(&client, &keys, &["off-b", "off-c"]).await;
+    for id in &ids {
+        let key = id.key().to_owned();
+        match c.route(id, false).await.expect("route") {
+            Route::Here(_) => assert_eq!(expected_now[&key], "off-c", "{key}"),
+            Route::There { owner, address, .. } => {
+                assert_eq!(owner.as_str(), expected_now[&key], "{key}");
+                assert_eq!(address, format!("test://{owner}"));
+            }
+        }
+    }
+    let _ = expected;
+    b.close().await;
+    c.close().await;
+}
