@@ -1,12 +1,15 @@
 -- Rebalancing (issue #30, second part): each replica with placement on moves the tenants it
--- holds whose home is another, stably alive replica there by a directed handoff, and picks up
--- at once what another replica reserved for it. Three reads, all SECURITY DEFINER and
--- read-only (they change nothing; every move goes through the authenticated release):
+-- holds whose home is another, stably alive replica there by a directed handoff, picks up at
+-- once what another replica reserved for it, and takes over the tenants of a dead incarnation
+-- whose home it is (each by its home alone: no herd). Four reads, all SECURITY DEFINER and
+-- read-only (they change nothing; every move goes through the authenticated release, every
+-- takeover through acquire):
 --
 --   placement_members(stable_ms)          the live candidates, and which are stable
 --   placement_moves(replica, stable_ms,   its held tenants whose home is elsewhere
 --                   leaving, limit)
 --   reserved_for(replica, limit)          tenants a directed handoff reserved for it
+--   orphaned_homes(replica, limit)        tenants a dead incarnation held whose home it is
 
 -- The tenants reserved for a replica, found without a scan: a few rows at a time (a
 -- reservation lasts until it is picked up or expires).
@@ -66,6 +69,33 @@ COMMENT ON FUNCTION pgtenant.reserved_for(text, integer) IS
     'Tenants a directed handoff reserved for replica p_replica that it has not picked up yet (index tenants_reserved).';
 REVOKE ALL ON FUNCTION pgtenant.reserved_for(text, integer) FROM PUBLIC;
 
+CREATE FUNCTION pgtenant.orphaned_homes(p_replica text, p_limit integer)
+RETURNS TABLE (tenant text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
+WITH members AS MATERIALIZED (
+    SELECT array_agg(c.replica_id ORDER BY c.replica_id) AS ids,
+           array_agg(c.weight ORDER BY c.replica_id) AS weights
+      FROM pgtenant.placement_candidates c
+), orphans AS (
+    -- Held by an incarnation that is over: expired, deregistered, or replaced by a newer one.
+    -- Per owner through tenants_owner; the owners are the few rows of pgtenant.replicas.
+    SELECT t.key
+      FROM pgtenant.replicas r
+      JOIN pgtenant.tenants t ON t.owner = r.replica_id
+     WHERE (r.released_at IS NOT NULL OR r.expires_at <= now()
+            OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
+       AND t.schema_name IS NOT NULL
+)
+SELECT o.key
+  FROM orphans o, members m
+ WHERE pgtenant.home_among(o.key, m.ids, m.weights) = p_replica
+ ORDER BY o.key
+ LIMIT p_limit
+$$;
+COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS
+    'Tenants still held by an incarnation that is over (expired, deregistered or replaced) whose home among the live replicas is p_replica: what it takes over, and nobody else, after a crash. At most p_limit rows.';
+REVOKE ALL ON FUNCTION pgtenant.orphaned_homes(text, integer) FROM PUBLIC;
+
 -- A release reserved for a replica also tells that replica (`pgtenant_reserved`, the payload
 -- its id), so it picks the tenant up at once rather than at its next request: rebalancing's
 -- moves arrive warm. A trigger rather than a change to the release functions, so every path
@@ -96,7 +126,8 @@ BEGIN
                 AND a.privilege_type = 'EXECUTE' LOOP
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION pgtenant.placement_members(integer),
                                        pgtenant.placement_moves(text, integer, boolean, integer),
-                                       pgtenant.reserved_for(text, integer) TO %s%s',
+                                       pgtenant.reserved_for(text, integer),
+                                       pgtenant.orphaned_homes(text, integer) TO %s%s',
             CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END,
             CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
@@ -113,7 +144,8 @@ BEGIN
         IF v_role IS NOT NULL THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.placement_members(integer),
                                 pgtenant.placement_moves(text, integer, boolean, integer),
-                                pgtenant.reserved_for(text, integer) TO %I', v_role);
+                                pgtenant.reserved_for(text, integer),
+                                pgtenant.orphaned_homes(text, integer) TO %I', v_role);
         END IF;
     END LOOP;
 END $$;

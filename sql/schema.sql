@@ -1213,7 +1213,8 @@ BEGIN
         IF v_role IS NOT NULL THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.placement_members(integer),
                                 pgtenant.placement_moves(text, integer, boolean, integer),
-                                pgtenant.reserved_for(text, integer) TO %I', v_role);
+                                pgtenant.reserved_for(text, integer),
+                                pgtenant.orphaned_homes(text, integer) TO %I', v_role);
         END IF;
     END LOOP;
 END $function$;
@@ -1464,6 +1465,35 @@ BEGIN
     RETURN NULL;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.notify_reserved() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.orphaned_homes(p_replica text, p_limit integer)
+ RETURNS TABLE(tenant text)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+WITH members AS MATERIALIZED (
+    SELECT array_agg(c.replica_id ORDER BY c.replica_id) AS ids,
+           array_agg(c.weight ORDER BY c.replica_id) AS weights
+      FROM pgtenant.placement_candidates c
+), orphans AS (
+    -- Held by an incarnation that is over: expired, deregistered, or replaced by a newer one.
+    -- Per owner through tenants_owner; the owners are the few rows of pgtenant.replicas.
+    SELECT t.key
+      FROM pgtenant.replicas r
+      JOIN pgtenant.tenants t ON t.owner = r.replica_id
+     WHERE (r.released_at IS NOT NULL OR r.expires_at <= now()
+            OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
+       AND t.schema_name IS NOT NULL
+)
+SELECT o.key
+  FROM orphans o, members m
+ WHERE pgtenant.home_among(o.key, m.ids, m.weights) = p_replica
+ ORDER BY o.key
+ LIMIT p_limit
+$function$;
+COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS 'Tenants still held by an incarnation that is over (expired, deregistered or replaced) whose home among the live replicas is p_replica: what it takes over, and nobody else, after a crash. At most p_limit rows.';
+REVOKE EXECUTE ON FUNCTION pgtenant.orphaned_homes(text, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.placement_members(p_stable_ms integer)
  RETURNS TABLE(replica_id text, weight double precision, stable boolean)

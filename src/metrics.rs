@@ -14,7 +14,7 @@
 //! | `pgtenant_drain_seconds` | histogram | | how long handoffs waited for work in flight |
 //! | `pgtenant_releases_batched` | histogram | | releases per release transaction |
 //! | `pgtenant_placement_moves_total` | counter | | tenants this replica handed to their home (placement) |
-//! | `pgtenant_placement_pickups_total` | counter | | tenants reserved for this replica that it opened at once (placement) |
+//! | `pgtenant_placement_pickups_total` | counter | | tenants whose home this replica is that it opened unasked: reserved for it, or left by a dead incarnation (placement) |
 //!
 //! [`Router::start`](crate::Router::start) calls [`describe`], so a recorder installed before
 //! it gets each metric's unit and help text; call [`describe`] yourself for one installed
@@ -45,7 +45,8 @@ pub const RELEASES_BATCHED: &str = "pgtenant_releases_batched";
 
 /// Counter: tenants handed to their home by rebalancing.
 pub const PLACEMENT_MOVES: &str = "pgtenant_placement_moves_total";
-/// Counter: tenants reserved for this replica that it opened at once.
+/// Counter: tenants whose home this replica is that it opened unasked (reserved for it, or
+/// left by a dead incarnation).
 pub const PLACEMENT_PICKUPS: &str = "pgtenant_placement_pickups_total";
 
 /// Registers every metric's unit and help text with the installed recorder.
@@ -90,7 +91,7 @@ pub fn describe() {
     );
     metrics::describe_counter!(
         PLACEMENT_PICKUPS,
-        "Tenants reserved for this replica that it opened at once."
+        "Tenants whose home this replica is that it opened unasked (reserved for it, or left by a dead incarnation)."
     );
 }
 

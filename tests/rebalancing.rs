@@ -385,3 +385,58 @@ async fn with_placement_a_free_tenant_is_routed_to_its_home_and_without_it_nothi
     b.close().await;
     c.close().await;
 }
+
+#[tokio::test]
+async fn a_crashed_replicas_tenants_are_served_again_by_their_homes_without_a_request() {
+    let (db, client) = database().await;
+    let mut child = ReplicaProcess::spawn_with(
+        "replica_child",
+        db.url(),
+        "orphan-dead",
+        &[("PGTENANT_TEST_PLACEMENT", "3600000")],
+    );
+    child.ready().await;
+    for i in 0..16 {
+        let reply = child.request(&format!("open orphan-{i}")).await;
+        assert!(
+            reply.as_deref().is_some_and(|r| r.starts_with("opened")),
+            "{reply:?}"
+        );
+    }
+    let b = start(db.url(), "orphan-b", STABLE).await;
+    let c = start(db.url(), "orphan-c", STABLE).await;
+    let mut events: Vec<_> = [&b, &c].iter().map(|r| r.subscribe()).collect();
+    child.kill();
+    // Nobody asks for them: their homes take them over once the dead lease runs out.
+    all_at_home(&client, Duration::from_secs(20)).await;
+    let mut acquisitions = 0;
+    for events in &mut events {
+        while let Ok(event) = events.try_recv() {
+            if let Event::Acquired { took_over_from, .. } = event {
+                assert_eq!(
+                    took_over_from.as_ref().map(|r| r.as_str()),
+                    Some("orphan-dead")
+                );
+                acquisitions += 1;
+            }
+        }
+    }
+    assert_eq!(acquisitions, 16, "one takeover per tenant, by its home");
+    b.close().await;
+    c.close().await;
+}
+
+#[tokio::test]
+async fn placement_works_under_the_application_role_alone() {
+    let (_db, admin, app, _operator) = support::granted().await;
+    let a = start(app.url(), "role-a", STABLE).await;
+    let ids: Vec<TenantId> = (0..16).map(|i| tenant(&format!("role-{i}"))).collect();
+    create_at(&a, &ids).await;
+    let b = start(app.url(), "role-b", STABLE).await;
+    all_at_home(&admin, Duration::from_secs(20)).await;
+    assert!(b.open_count() > 0, "b received its share");
+    a.close().await;
+    all_at_home(&admin, Duration::from_secs(10)).await;
+    assert_eq!(b.open_count(), ids.len(), "a's tenants went to b on close");
+    b.close().await;
+}

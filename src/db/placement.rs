@@ -1,5 +1,6 @@
 //! Placement's reads (DESIGN §5 "Placement"): the live members and which are stable, the
-//! tenants a replica holds away from their home, and those reserved for it. Read-only
+//! tenants a replica holds away from their home, those reserved for it, and those a dead
+//! incarnation held whose home it is. Read-only
 //! `SECURITY DEFINER` functions (control plane V16); every move they lead to goes through the
 //! authenticated release (`leases.rs`).
 
@@ -103,12 +104,31 @@ pub(crate) async fn reserved_for(
         &[(replica, Type::TEXT), (&limit, Type::INT4)],
     )
     .await?;
-    let mut tenants = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let key: String = row.try_get(0)?;
-        if let Ok(tenant) = TenantId::parse(&key) {
-            tenants.push(tenant);
-        }
-    }
-    Ok(tenants)
+    Ok(tenant_ids(&rows))
+}
+
+/// `pgtenant.orphaned_homes(replica, limit)`: tenants still held by an incarnation that is over
+/// whose home among the live replicas is `replica`.
+pub(crate) async fn orphaned_homes(
+    client: &Client,
+    replica: &ReplicaId,
+    limit: usize,
+) -> Result<Vec<TenantId>, tokio_postgres::Error> {
+    let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+    let rows = super::call(
+        client,
+        "SELECT tenant FROM pgtenant.orphaned_homes($1, $2)",
+        &[(replica, Type::TEXT), (&limit, Type::INT4)],
+    )
+    .await?;
+    Ok(tenant_ids(&rows))
+}
+
+/// The valid tenant ids of a one-column result (a key written by hand that is not one is
+/// skipped).
+fn tenant_ids(rows: &[tokio_postgres::Row]) -> Vec<TenantId> {
+    rows.iter()
+        .filter_map(|row| row.try_get::<_, String>(0).ok())
+        .filter_map(|key| TenantId::parse(&key).ok())
+        .collect()
 }

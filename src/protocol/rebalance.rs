@@ -14,6 +14,11 @@
 //! any handoff (a busy tenant whose drain times out stays, and is tried again at the next
 //! look).
 //!
+//! A tenant still held by an incarnation that is over (a crash, a kill, a restart under the
+//! same id) is taken over by its home among the live replicas, and by no other
+//! (`pgtenant.orphaned_homes`, looked for with the moves): one acquisition per tenant, however
+//! many replicas notice the death, and every tenant served again without waiting for a request.
+//!
 //! The receiving side: a release reserved for this replica NOTIFYs `pgtenant_reserved` with
 //! its id (control plane V16), and this task opens what `pgtenant.reserved_for` lists, so a
 //! moved tenant is served again within milliseconds rather than at its next request. A forged
@@ -29,7 +34,8 @@ use tracing::debug;
 use crate::db;
 use crate::db::placement::Member;
 use crate::error::pool_error;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::id::TenantId;
 use crate::state::liveness::{Notice, RESERVED_CHANNEL};
 use crate::state::replica::Replica;
 use crate::sync::join_all;
@@ -128,11 +134,16 @@ pub(crate) async fn rebalance(
         }
         seen = Some(members);
         last_look = Some(Instant::now());
+        more_to_move = false;
         let budget = (options.placement_moves_per_second as f64 * PERIOD.as_secs_f64())
             .ceil()
             .max(1.0) as usize;
+        match take_over_orphans(&replica, budget).await {
+            Ok(found) => more_to_move |= found >= budget,
+            Err(error) => debug!(%error, "could not look for a dead replica's tenants"),
+        }
         match move_home(&replica, budget).await {
-            Ok(moved) => more_to_move = moved >= budget,
+            Ok(moved) => more_to_move |= moved >= budget,
             Err(error) => debug!(%error, "could not look for tenants away from home"),
         }
     }
@@ -140,27 +151,43 @@ pub(crate) async fn rebalance(
 
 /// Opens the tenants reserved for this replica; how many were listed.
 async fn pick_up(replica: &Arc<Replica>) -> Result<usize> {
+    let doing = "read the tenants reserved for this replica";
     let reserved = {
-        let client = replica
-            .pool
-            .get()
-            .await
-            .map_err(pool_error("read the tenants reserved for this replica"))?;
+        let client = replica.pool.get().await.map_err(pool_error(doing))?;
         db::placement::reserved_for(&client, &replica.options.replica_id, PICKUP_BATCH)
             .await
-            .map_err(crate::error::Error::db(
-                "read the tenants reserved for this replica",
-            ))?
+            .map_err(Error::db(doing))?
     };
-    let listed = reserved.len();
-    let queue = std::sync::Mutex::new(reserved.into_iter());
+    open_all(replica, reserved).await
+}
+
+/// Takes over the tenants a dead incarnation held whose home is this replica (each tenant's
+/// home alone does, so a crash brings no herd); how many were listed. Each acquisition waits
+/// for the dead lease's expiry like any takeover.
+async fn take_over_orphans(replica: &Arc<Replica>, budget: usize) -> Result<usize> {
+    let doing = "look for a dead replica's tenants";
+    let orphans = {
+        let client = replica.pool.get().await.map_err(pool_error(doing))?;
+        db::placement::orphaned_homes(&client, &replica.options.replica_id, budget)
+            .await
+            .map_err(Error::db(doing))?
+    };
+    open_all(replica, orphans).await
+}
+
+/// Opens `tenants` here, [`LANES`] at a time; how many there were.
+async fn open_all(replica: &Arc<Replica>, tenants: Vec<TenantId>) -> Result<usize> {
+    let listed = tenants.len();
+    let queue = std::sync::Mutex::new(tenants.into_iter());
     let lane = || async {
         loop {
             let next = crate::sync::lock(&queue).next();
             let Some(id) = next else { return };
             match crate::protocol::open::open(replica, &id, false).await {
                 Ok(_) => crate::metrics::placement_pickup(),
-                Err(error) => debug!(tenant = %id, %error, "could not pick up a reserved tenant"),
+                Err(error) => {
+                    debug!(tenant = %id, %error, "could not open a tenant whose home this is")
+                }
             }
         }
     };
@@ -185,7 +212,7 @@ async fn move_home(replica: &Arc<Replica>, budget: usize) -> Result<usize> {
             budget,
         )
         .await
-        .map_err(crate::error::Error::db("look for tenants away from home"))?
+        .map_err(Error::db("look for tenants away from home"))?
     };
     let listed = moves.len();
     let queue = std::sync::Mutex::new(moves.into_iter());

@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 15] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 16] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -96,6 +96,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 15] = [
     (
         "V15__placement",
         include_str!("../../migrations/V15__placement.sql"),
+    ),
+    (
+        "V16__rebalancing",
+        include_str!("../../migrations/V16__rebalancing.sql"),
     ),
 ];
 
