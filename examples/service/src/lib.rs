@@ -14,9 +14,20 @@
 //! | `GET /health` | [`Router::summary`]; 503 while the replica does not serve |
 //! | `GET /metrics` | pgtenant's metrics in Prometheus' text format |
 //!
-//! A request for a tenant that this replica does not serve opens it here when it is free; when
-//! another replica holds it, the answer is 409 with the owner, so a load balancer (or the
-//! client) can go there. Errors map to statuses by [`pgtenant::Error::kind`]: 503 with
+//! Every route under `/tenants/{org}/{ledger}` except `GET` (a control-plane read, answered by
+//! any replica) and `handoff` (asked of the owner itself) decides where it runs with
+//! [`Router::route`]: here when this replica serves the tenant (opening it when it is free),
+//! or at the replica that holds it. Such a request is forwarded once to the owner's registered
+//! address and the owner's answer is relayed (`src/forward.rs` says why this is safe: one hop,
+//! a loop guard, nothing runs twice); every response a replica served carries
+//! `x-pgtenant-served-by: <replica id>`. A request that was already forwarded
+//! (`x-pgtenant-forwarded`) is not forwarded again: when its tenant moved on meanwhile, the
+//! answer is 409 with the owner, as it is when the owner registered no `http://` address. An
+//! owner that cannot be reached is a 503 with `Retry-After`, and the request ran nowhere.
+//!
+//! With placement on (`PLACEMENT=1`, [`RouterOptions::placement`]) each tenant has a home
+//! replica: a request for a tenant nobody serves is forwarded to its home, and rebalancing
+//! moves tenants there. Errors map to statuses by [`pgtenant::Error::kind`]: 503 with
 //! `Retry-After` for everything that passes by itself. Bodies speak to the HTTP client (what
 //! happened to its request, what to do); the full error, for the operator, goes to the log
 //! (standard error).
@@ -29,16 +40,23 @@
 //! hands every tenant off so that other replicas take them over at once.
 #![deny(missing_docs)]
 
+mod forward;
+
 use std::future::Future;
 
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, MethodRouter};
 use axum::Json;
+use forward::{Forwarder, FORWARDED, SERVED_BY};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
-use pgtenant::{ActiveWork, CloseReport, Error, ErrorKind, Router, RouterOptions, TenantId};
+use pgtenant::{
+    ActiveWork, CloseReport, Error, ErrorKind, ReplicaId, Route, Router, RouterOptions,
+    TenantHandle, TenantId,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -82,21 +100,40 @@ pub fn install_metrics() -> Result<PrometheusHandle, BuildError> {
 
 /// The HTTP routes, on `router` (one replica).
 pub fn app(router: Router, metrics: PrometheusHandle) -> axum::Router {
+    let forwarder = Forwarder::new(router.replica_id());
+    // Router is a cheap handle (an Arc inside): every request gets a clone.
+    let app = App {
+        router,
+        metrics,
+        forwarder,
+    };
+    // Each per-tenant handler runs behind `routed`: here with the tenant's handle, or
+    // forwarded to its owner. `create` opens a tenant that does not exist yet.
+    let existing = |handler: MethodRouter<App>| {
+        handler.route_layer(from_fn_with_state(app.clone(), route_existing))
+    };
+    let creating = |handler: MethodRouter<App>| {
+        handler.route_layer(from_fn_with_state(app.clone(), route_or_create))
+    };
     axum::Router::new()
         .route(
             "/tenants/{org}/{ledger}",
-            post(create).get(status).delete(forget),
+            creating(post(create))
+                .merge(get(status))
+                .merge(existing(delete(forget))),
         )
         .route(
             "/tenants/{org}/{ledger}/entries",
-            post(add_entry).get(entries),
+            existing(post(add_entry)).merge(existing(get(entries))),
         )
-        .route("/tenants/{org}/{ledger}/entries/batch", post(add_entries))
+        .route(
+            "/tenants/{org}/{ledger}/entries/batch",
+            existing(post(add_entries)),
+        )
         .route("/tenants/{org}/{ledger}/handoff", post(handoff))
         .route("/health", get(health))
         .route("/metrics", get(render_metrics))
-        // Router is a cheap handle (an Arc inside): every request gets a clone.
-        .with_state(App { router, metrics })
+        .with_state(app)
 }
 
 /// Serves `app(router, metrics)` on `listener` until `shutdown` resolves. Then it stops
@@ -125,6 +162,85 @@ pub async fn serve(
 struct App {
     router: Router,
     metrics: PrometheusHandle,
+    forwarder: Forwarder,
+}
+
+/// The tenant's handle, for a handler behind [`routed`]: the request runs here, under this
+/// replica's lease.
+#[derive(Clone)]
+struct Served(TenantHandle);
+
+impl<S: Send + Sync> FromRequestParts<S> for Served {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Response> {
+        parts.extensions.remove::<Served>().ok_or_else(|| {
+            // A handler mounted without `routed`: the service's own bug, not the client's.
+            eprintln!("500: {} {} has no routed tenant", parts.method, parts.uri);
+            let body = json!({ "error": "internal", "message": "internal error" });
+            (StatusCode::INTERNAL_SERVER_ERROR, Json(body)).into_response()
+        })
+    }
+}
+
+async fn route_existing(
+    State(app): State<App>,
+    Tenant(id): Tenant,
+    request: Request,
+    next: Next,
+) -> Response {
+    routed(app, id, false, request, next).await
+}
+
+async fn route_or_create(
+    State(app): State<App>,
+    Tenant(id): Tenant,
+    request: Request,
+    next: Next,
+) -> Response {
+    routed(app, id, true, request, next).await
+}
+
+/// Where a per-tenant request runs: here (the handler gets [`Served`] and the response
+/// `x-pgtenant-served-by`), or at the replica that holds the tenant, forwarded once
+/// (`forward.rs`). A request that was already forwarded is never forwarded again.
+async fn routed(app: App, id: TenantId, create: bool, request: Request, next: Next) -> Response {
+    let forwarded_by = request
+        .headers()
+        .get(FORWARDED)
+        .map(|by| String::from_utf8_lossy(by.as_bytes()).into_owned());
+    let route = if forwarded_by.is_some() {
+        app.router.route_forwarded(&id, create).await
+    } else {
+        app.router.route(&id, create).await
+    };
+    match route {
+        Err(error) => ApiError::from(error).into_response(),
+        Ok(Route::Here(tenant)) => {
+            let mut request = request;
+            request.extensions_mut().insert(Served(tenant));
+            let mut response = next.run(request).await;
+            response
+                .headers_mut()
+                .insert(SERVED_BY, app.forwarder.replica());
+            response
+        }
+        Ok(Route::There { owner, address, .. }) => match forwarded_by {
+            // The loop guard: one hop only. The tenant moved on after the replica that
+            // forwarded this looked; the client goes to the new owner itself.
+            Some(forwarded_by) => ApiError::HeldElsewhere {
+                tenant: id,
+                owner,
+                address,
+                forwarded_by,
+            }
+            .into_response(),
+            None => match app.forwarder.forward(&address, request).await {
+                Ok(answer) => answer,
+                Err(failure) => forward::failure_response(failure, &id, &owner, &address),
+            },
+        },
+    }
 }
 
 /// The `{org}/{ledger}` of a route, validated before any handler runs.
@@ -166,14 +282,13 @@ impl Entry {
     }
 }
 
-async fn create(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value>, ApiError> {
-    let tenant = app.router.open_or_create(&id).await?;
-    Ok(Json(json!({
+async fn create(State(app): State<App>, Served(tenant): Served) -> Json<Value> {
+    Json(json!({
         "tenant": tenant.id(),
         "epoch": tenant.epoch(),
         "schema": tenant.schema(),
         "replica": app.router.replica_id(),
-    })))
+    }))
 }
 
 async fn status(
@@ -185,12 +300,10 @@ async fn status(
 
 /// One entry, through `run`: the work is a closure, and it borrows the request body.
 async fn add_entry(
-    State(app): State<App>,
-    Tenant(id): Tenant,
+    // Routed here: serving it already was a map lookup; otherwise `routed` acquired the lease.
+    Served(tenant): Served,
     Json(entry): Json<NewEntry>,
 ) -> Result<(StatusCode, Json<Entry>), ApiError> {
-    // Serving it already is a map lookup; otherwise this acquires the lease (or says who has it).
-    let tenant = app.router.open(&id).await?;
     // The work borrows the body (no clone, no 'static): `entry` is still ours afterwards.
     let new = &entry;
     let entry_id: i64 = tenant
@@ -218,11 +331,9 @@ async fn add_entry(
 
 /// Several entries in one transaction, through the guard API: a loop with `?` and no closure.
 async fn add_entries(
-    State(app): State<App>,
-    Tenant(id): Tenant,
+    Served(tenant): Served,
     Json(batch): Json<Vec<NewEntry>>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let tenant = app.router.open(&id).await?;
     let mut conn = tenant.connect().await?;
     let tx = conn.begin().await?;
     let mut ids = Vec::with_capacity(batch.len());
@@ -239,8 +350,7 @@ async fn add_entries(
     Ok((StatusCode::CREATED, Json(json!({ "ids": ids }))))
 }
 
-async fn entries(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value>, ApiError> {
-    let tenant = app.router.open(&id).await?;
+async fn entries(State(app): State<App>, Served(tenant): Served) -> Result<Json<Value>, ApiError> {
     // READ ONLY; its fence checks the epoch without taking the tenant's lock.
     let entries: Vec<Entry> = tenant
         .read(|tx| {
@@ -254,7 +364,7 @@ async fn entries(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Valu
         .await?;
     let balance: i64 = entries.iter().map(|entry| entry.amount).sum();
     Ok(Json(json!({
-        "tenant": id,
+        "tenant": tenant.id(),
         "replica": app.router.replica_id(),
         "epoch": tenant.epoch(),
         "balance": balance,
@@ -265,7 +375,7 @@ async fn entries(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Valu
 #[derive(Deserialize)]
 struct HandoffTarget {
     /// Checked as it is parsed: a bad replica id is a 400 naming the rule.
-    to: Option<pgtenant::ReplicaId>,
+    to: Option<ReplicaId>,
 }
 
 async fn handoff(
@@ -293,11 +403,12 @@ async fn handoff(
     })))
 }
 
-async fn forget(State(app): State<App>, Tenant(id): Tenant) -> Result<Json<Value>, ApiError> {
-    let tenant = app.router.open(&id).await?;
+async fn forget(Served(tenant): Served) -> Result<Json<Value>, ApiError> {
     // Drain: requests already running on the tenant finish first; new ones are refused.
     let trash = tenant.forget(ActiveWork::Drain).await?;
-    Ok(Json(json!({ "tenant": id, "trash_schema": trash })))
+    Ok(Json(
+        json!({ "tenant": tenant.id(), "trash_schema": trash }),
+    ))
 }
 
 async fn health(State(app): State<App>) -> (StatusCode, Json<pgtenant::Summary>) {
@@ -330,6 +441,18 @@ enum ApiError {
         tenant: TenantId,
         /// This replica.
         replica: String,
+    },
+    /// A request another replica forwarded here, for a tenant a third one holds (or is
+    /// reserved for): not forwarded twice.
+    HeldElsewhere {
+        /// The tenant.
+        tenant: TenantId,
+        /// The replica that holds it.
+        owner: ReplicaId,
+        /// Where it is reached.
+        address: String,
+        /// The replica that forwarded the request here.
+        forwarded_by: String,
     },
 }
 
@@ -401,6 +524,23 @@ impl IntoResponse for ApiError {
                      (GET /tenants/{tenant} names it)"
                 );
                 let body = json!({ "error": "not_served_here", "message": message });
+                return (StatusCode::CONFLICT, Json(body)).into_response();
+            }
+            ApiError::HeldElsewhere {
+                tenant,
+                owner,
+                address,
+                forwarded_by,
+            } => {
+                let message = format!(
+                    "tenant {tenant} is served by replica {owner} at {address}: send the request                      there (replica {forwarded_by} already forwarded it here once, and a request                      is forwarded only once)"
+                );
+                let body = json!({
+                    "error": "held",
+                    "message": message,
+                    "owner": owner,
+                    "owner_address": address,
+                });
                 return (StatusCode::CONFLICT, Json(body)).into_response();
             }
         };

@@ -6,6 +6,11 @@
 //!     --replica-id replica-a --listen 127.0.0.1:8080 --ttl 3s
 //! ```
 //!
+//! Several replicas on one database share the tenants; a request that reaches a replica which
+//! does not serve its tenant is forwarded once to the one that does (`--address` says where
+//! that is). `--placement` (or `PLACEMENT=1`) gives each tenant a home replica: a request for a
+//! tenant nobody serves is sent there, and tenants move home by themselves.
+//!
 //! Stops on SIGTERM or ctrl-c: no new connections, the requests in flight finish, every tenant
 //! is handed off, and what happened is printed.
 
@@ -19,15 +24,20 @@ use pgtenant_example_service::{install_metrics, router_options, serve};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "\
-usage: pgtenant-example-service [--database-url URL] [--replica-id ID] [--listen ADDR] [--address URL] [--ttl DURATION]
+usage: pgtenant-example-service [--database-url URL] [--replica-id ID] [--listen ADDR] [--address URL] [--ttl DURATION] [--placement]
 
   --database-url URL  PostgreSQL, e.g. postgres://postgres@127.0.0.1/app  [env DATABASE_URL]
                       (the database must exist: createdb -h 127.0.0.1 -U postgres app)
   --replica-id ID     unique among the live replicas                       [env REPLICA_ID, default service-<pid>]
   --listen ADDR       address to serve HTTP on                             [env LISTEN, default 127.0.0.1:8080]
   --address URL       where other replicas and clients reach this one, registered with the
-                      replica and told to requests for its tenants that reach another replica
+                      replica: requests for its tenants that reach another replica are
+                      forwarded here (an http:// URL; anything else is only told, with a 409)
                                                                            [env ADDRESS, default http://<listen>]
+  --placement         each tenant has a home replica (rendezvous hashing over the live
+                      replicas): a request for a tenant nobody serves goes to its home, and
+                      tenants move home by themselves; give every replica the same setting
+                                                                           [env PLACEMENT=1, default off]
   --ttl DURATION      the lease ttl, e.g. 3s or 500ms (1s to 1h): how long a stopped replica
                       keeps its tenants before others take them over       [env TTL, default 10s]";
 
@@ -37,6 +47,7 @@ struct Config {
     listen: SocketAddr,
     address: Option<String>,
     ttl: Option<Duration>,
+    placement: bool,
 }
 
 #[tokio::main]
@@ -101,7 +112,7 @@ async fn run(config: Config) -> Result<CloseReport, Box<dyn std::error::Error>> 
         Some(address) => address,
         None => format!("http://{}", listener.local_addr()?),
     };
-    options = options.address(address);
+    options = options.address(address).placement(config.placement);
     let router = Router::start(options).await?;
     // Tests and scripts read this line to find the port of `--listen 127.0.0.1:0`.
     println!(
@@ -179,10 +190,18 @@ impl Config {
         let mut listen = std::env::var("LISTEN").ok();
         let mut ttl = std::env::var("TTL").ok();
         let mut address = std::env::var("ADDRESS").ok();
+        let mut placement = match std::env::var("PLACEMENT") {
+            Ok(value) => parse_switch(&value)?,
+            Err(_) => false,
+        };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             if arg == "--help" || arg == "-h" {
                 return Ok(None);
+            }
+            if arg == "--placement" {
+                placement = true;
+                continue;
             }
             let (name, inline) = match arg.split_once('=') {
                 Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
@@ -213,7 +232,19 @@ impl Config {
             listen,
             address,
             ttl,
+            placement,
         }))
+    }
+}
+
+/// `PLACEMENT`'s value: `1` turns placement on, `0` (or nothing) leaves it off.
+fn parse_switch(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Ok(true),
+        "0" | "false" | "off" | "no" | "" => Ok(false),
+        _ => Err(format!(
+            "PLACEMENT={value:?}: expected 1 (placement on) or 0 (off)"
+        )),
     }
 }
 

@@ -1,14 +1,16 @@
 //! The example service over real HTTP against a real PostgreSQL (a fresh database from the test
-//! kit): one replica end to end, two replicas and a handoff, health when the router is closed,
-//! and the binary itself stopped by SIGTERM.
+//! kit): one replica end to end, two replicas and a handoff, forwarding between two replicas
+//! with placement on (one hop, the loop guard, an unreachable owner), health when the router is
+//! closed, and the binary itself stopped by SIGTERM.
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use pgtenant::{CloseReport, Router};
-use pgtenant_example_service::{install_metrics, router_options, serve};
+use pgtenant::{CloseReport, Router, TenantId};
+use pgtenant_example_service::{app, install_metrics, router_options, serve};
 use pgtenant_testkit::TestDatabase;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -43,16 +45,33 @@ struct Service {
     served: JoinHandle<std::io::Result<CloseReport>>,
 }
 
+/// A listener on an ephemeral port and a router registered with its address.
+async fn listen_and_start(url: &str, replica: &str, placement: bool) -> (TcpListener, Router) {
+    // Bound before serving: connections made from now on wait in the backlog, no sleep.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let options = router_options(replica, url)
+        .expect("options")
+        .pool_size(4)
+        .address(format!("http://{addr}"))
+        .placement(placement);
+    let router = Router::start(options).await.expect("router starts");
+    (listener, router)
+}
+
 impl Service {
     async fn start(url: &str, replica: &str) -> Service {
-        // Bound before serving: connections made from now on wait in the backlog, no sleep.
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Service::start_with(url, replica, false).await
+    }
+
+    /// With placement on: tenants have a home replica.
+    async fn start_placed(url: &str, replica: &str) -> Service {
+        Service::start_with(url, replica, true).await
+    }
+
+    async fn start_with(url: &str, replica: &str, placement: bool) -> Service {
+        let (listener, router) = listen_and_start(url, replica, placement).await;
         let addr = listener.local_addr().expect("local addr");
-        let options = router_options(replica, url)
-            .expect("options")
-            .pool_size(4)
-            .address(format!("http://{addr}"));
-        let router = Router::start(options).await.expect("router starts");
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(serve(listener, router.clone(), metrics(), async {
             let _ = stopped.await;
@@ -73,6 +92,10 @@ impl Service {
             .expect("graceful shutdown within the patience")
             .expect("serve task")
             .expect("serve")
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     async fn get(&self, path: &str) -> Reply {
@@ -113,14 +136,29 @@ impl Reply {
 /// HTTP/1.1 with `Connection: close`: the server sends one response and closes, so the
 /// response is everything read until EOF. Enough for a test, and no client dependency.
 async fn http(addr: SocketAddr, method: &str, path: &str, body: Option<Value>) -> Reply {
+    http_with(addr, method, path, &[], body).await
+}
+
+/// [`http`] with extra request headers.
+async fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Reply {
     let exchange = async {
         let mut stream = TcpStream::connect(addr)
             .await
             .expect("connect to the service");
         let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let extra: String = headers
+            .iter()
+            .map(|(name, value)| format!("{name}: {value}\r\n"))
+            .collect();
         let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+             Content-Type: application/json\r\n{extra}Content-Length: {}\r\n\r\n{body}",
             body.len()
         );
         stream.write_all(request.as_bytes()).await.expect("send");
@@ -294,25 +332,31 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
 
     assert_eq!(a.post("/tenants/acme/ledger", None).await.status, 200);
     let entry = json!({ "memo": "written by a", "amount": 1 });
-    assert_eq!(
-        a.post("/tenants/acme/ledger/entries", Some(entry))
-            .await
-            .status,
-        201
-    );
+    let added = a.post("/tenants/acme/ledger/entries", Some(entry)).await;
+    assert_eq!(added.status, 201, "{added:?}");
+    assert_eq!(added.header("x-pgtenant-served-by"), Some("replica-a"));
 
-    // B cannot serve it while A holds it, and says who does.
-    let entry = json!({ "memo": "written by b", "amount": 2 });
-    let held = b
-        .post("/tenants/acme/ledger/entries", Some(entry.clone()))
-        .await;
+    // B cannot serve it while A holds it: a request that reaches B is forwarded to A and runs
+    // there.
+    let entry = json!({ "memo": "sent to b", "amount": 2 });
+    let forwarded = b.post("/tenants/acme/ledger/entries", Some(entry)).await;
+    assert_eq!(forwarded.status, 201, "{forwarded:?}");
+    assert_eq!(forwarded.header("x-pgtenant-served-by"), Some("replica-a"));
+    assert_eq!(forwarded.json()["memo"], "sent to b");
+    // One that was already forwarded once is refused, naming the owner.
+    let entry = json!({ "memo": "forwarded twice", "amount": 3 });
+    let held = http_with(
+        b.addr,
+        "POST",
+        "/tenants/acme/ledger/entries",
+        &[("x-pgtenant-forwarded", "replica-c")],
+        Some(entry),
+    )
+    .await;
     assert_eq!(held.status, 409, "{held:?}");
+    assert_eq!(held.header("x-pgtenant-served-by"), None, "{held:?}");
     assert_eq!(held.json()["owner"], "replica-a");
-    assert_eq!(
-        held.json()["owner_address"],
-        format!("http://{}", a.addr),
-        "{held:?}"
-    );
+    assert_eq!(held.json()["owner_address"], a.url(), "{held:?}");
     let not_here = b.post("/tenants/acme/ledger/handoff", None).await;
     assert_eq!(not_here.status, 409, "{not_here:?}");
     assert_eq!(not_here.json()["error"], "not_served_here");
@@ -326,18 +370,22 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
         .await;
     assert_eq!(handed.status, 200, "{handed:?}");
     assert_eq!(handed.json()["to"], "replica-b");
-    // Reserved for B: A's next request cannot take it back.
+    // Reserved for B: A's next request cannot take it back; it is forwarded to B, which
+    // opens the tenant reserved for it.
     let reserved = a.get("/tenants/acme/ledger/entries").await;
-    assert_eq!(reserved.status, 409, "{reserved:?}");
-    assert_eq!(reserved.json()["owner"], "replica-b");
+    assert_eq!(reserved.status, 200, "{reserved:?}");
+    assert_eq!(reserved.header("x-pgtenant-served-by"), Some("replica-b"));
+    assert_eq!(reserved.json()["replica"], "replica-b");
 
+    let entry = json!({ "memo": "written by b", "amount": 4 });
     let added = b.post("/tenants/acme/ledger/entries", Some(entry)).await;
     assert_eq!(added.status, 201, "{added:?}");
+    assert_eq!(added.header("x-pgtenant-served-by"), Some("replica-b"));
     let read = b.get("/tenants/acme/ledger/entries").await;
     assert_eq!(read.status, 200, "{read:?}");
     let read = read.json();
     assert_eq!(read["replica"], "replica-b");
-    assert_eq!(memos(&read), ["written by a", "written by b"]);
+    assert_eq!(memos(&read), ["written by a", "sent to b", "written by b"]);
     assert_eq!(
         lease(&client, "acme/ledger").await,
         ("held".into(), Some("replica-b".into()))
@@ -349,6 +397,212 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
     let report = b.shut_down().await;
     assert_eq!(report.handed_off, ["acme/ledger"], "{report:?}");
     assert_eq!(lease(&client, "acme/ledger").await, ("free".into(), None));
+}
+
+/// `acme/{prefix}-N` for the first N whose home (placement over the live replicas) is `home`.
+/// With two replicas of equal weight about every other name is, so 64 tries all miss with
+/// probability 2^-64.
+async fn ledger_homed_at(router: &Router, home: &str, prefix: &str) -> String {
+    for n in 0..64 {
+        let ledger = format!("{prefix}-{n}");
+        let id = TenantId::new("acme", &ledger).expect("a tenant id");
+        let location = router.locate(&id).await.expect("locate");
+        if location.home.as_ref().is_some_and(|h| h.as_str() == home) {
+            return ledger;
+        }
+    }
+    panic!("no acme/{prefix}-N of 64 has its home at {home}");
+}
+
+/// The rows of a tenant's ledger, read straight from PostgreSQL.
+async fn rows(client: &pgtenant::postgres::Client, schema: &str) -> i64 {
+    client
+        .query_one(&format!("SELECT count(*) FROM {schema}.entries"), &[])
+        .await
+        .expect("count the ledger's rows")
+        .get(0)
+}
+
+fn schema_of(created: &Reply) -> String {
+    created.json()["schema"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no schema in {created:?}"))
+        .to_owned()
+}
+
+/// With placement on, a request that reaches a replica which does not serve its tenant is sent
+/// once to the owner (here: its home), runs there, and is committed once.
+#[tokio::test]
+async fn a_request_at_another_replica_is_served_by_the_owner_after_one_hop() {
+    let (db, client) = database().await;
+    let a = Service::start_placed(db.url(), "replica-a").await;
+    let b = Service::start_placed(db.url(), "replica-b").await;
+    let ledger = ledger_homed_at(&a.router, "replica-b", "hop").await;
+    let tenant = format!("acme/{ledger}");
+    let base = format!("/tenants/{tenant}");
+
+    // Created through A: nobody serves it yet, so A sends it to its home, B, which creates it.
+    let created = a.post(&base, None).await;
+    assert_eq!(created.status, 200, "{created:?}");
+    assert_eq!(created.header("x-pgtenant-served-by"), Some("replica-b"));
+    assert_eq!(created.json()["replica"], "replica-b");
+    let schema = schema_of(&created);
+    assert_eq!(
+        lease(&client, &tenant).await,
+        ("held".into(), Some("replica-b".into()))
+    );
+
+    // An entry sent to A runs at B.
+    let entry = json!({ "memo": "sent to a", "amount": 5 });
+    let added = a.post(&format!("{base}/entries"), Some(entry)).await;
+    assert_eq!(added.status, 201, "{added:?}");
+    assert_eq!(added.header("x-pgtenant-served-by"), Some("replica-b"));
+    assert_eq!(
+        added.json(),
+        json!({ "id": 1, "memo": "sent to a", "amount": 5 })
+    );
+
+    // Committed once, read through the owner itself.
+    let read = b.get(&format!("{base}/entries")).await;
+    assert_eq!(read.status, 200, "{read:?}");
+    assert_eq!(read.header("x-pgtenant-served-by"), Some("replica-b"));
+    let read = read.json();
+    assert_eq!(read["replica"], "replica-b");
+    assert_eq!(memos(&read), ["sent to a"]);
+    assert_eq!(read["balance"], 5);
+    assert_eq!(rows(&client, &schema).await, 1);
+    // A ran nothing of it: it never opened the tenant.
+    assert_eq!(a.get("/health").await.json()["open"], 0);
+    assert_eq!(b.get("/health").await.json()["open"], 1);
+
+    assert!(a.shut_down().await.handed_off.is_empty());
+    let report = b.shut_down().await;
+    assert_eq!(report.handed_off, [tenant.as_str()], "{report:?}");
+}
+
+/// The loop guard: a request that was already forwarded once is not forwarded again by a
+/// replica that does not serve its tenant, nor run there; the answer names the owner.
+#[tokio::test]
+async fn a_forwarded_request_is_refused_by_a_replica_that_does_not_own_the_tenant() {
+    let (db, client) = database().await;
+    let a = Service::start_placed(db.url(), "replica-a").await;
+    let b = Service::start_placed(db.url(), "replica-b").await;
+    let ledger = ledger_homed_at(&a.router, "replica-b", "guard").await;
+    let tenant = format!("acme/{ledger}");
+    let entries = format!("/tenants/{tenant}/entries");
+    let created = b.post(&format!("/tenants/{tenant}"), None).await;
+    assert_eq!(created.status, 200, "{created:?}");
+    let schema = schema_of(&created);
+    let entry = json!({ "memo": "first", "amount": 1 });
+    assert_eq!(b.post(&entries, Some(entry)).await.status, 201);
+    assert_eq!(rows(&client, &schema).await, 1);
+
+    let entry = json!({ "memo": "forwarded twice", "amount": 2 });
+    let forwarded = [("x-pgtenant-forwarded", "replica-c")];
+    let refused = http_with(a.addr, "POST", &entries, &forwarded, Some(entry.clone())).await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.header("x-pgtenant-served-by"), None, "{refused:?}");
+    let body = refused.json();
+    assert_eq!(body["error"], "held");
+    assert_eq!(body["owner"], "replica-b");
+    assert_eq!(body["owner_address"], b.url());
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("replica-c") && m.contains("forwarded")),
+        "{body}"
+    );
+    assert_eq!(rows(&client, &schema).await, 1, "the refused request ran");
+    assert_eq!(a.get("/health").await.json()["open"], 0);
+
+    // The owner serves the same forwarded request: the guard stops a second hop, not the
+    // request.
+    let served = http_with(b.addr, "POST", &entries, &forwarded, Some(entry)).await;
+    assert_eq!(served.status, 201, "{served:?}");
+    assert_eq!(served.header("x-pgtenant-served-by"), Some("replica-b"));
+    assert_eq!(rows(&client, &schema).await, 2);
+
+    assert!(a.shut_down().await.handed_off.is_empty());
+    b.shut_down().await;
+}
+
+/// The owner's HTTP server is gone while its router keeps the tenant's lease: the replica the
+/// request reached answers 503 with `Retry-After`, and runs nothing itself.
+#[tokio::test]
+async fn an_unreachable_owner_is_a_503_and_the_request_runs_nowhere() {
+    let (db, client) = database().await;
+    let a = Service::start_placed(db.url(), "replica-a").await;
+    // B's HTTP server is stopped by itself, without closing its router (serve() would close it).
+    let (listener, b_router) = listen_and_start(db.url(), "replica-b", true).await;
+    let b_addr = listener.local_addr().expect("local addr");
+    let (stop_b, stopped) = oneshot::channel::<()>();
+    let b_http = tokio::spawn(
+        axum::serve(listener, app(b_router.clone(), metrics()))
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .into_future(),
+    );
+    let ledger = ledger_homed_at(&a.router, "replica-b", "gone").await;
+    let tenant = format!("acme/{ledger}");
+    let entries = format!("/tenants/{tenant}/entries");
+    // Straight to B: A has no connection to B that could outlive B's server.
+    let created = http(b_addr, "POST", &format!("/tenants/{tenant}"), None).await;
+    assert_eq!(created.status, 200, "{created:?}");
+    assert_eq!(created.header("x-pgtenant-served-by"), Some("replica-b"));
+    let schema = schema_of(&created);
+    let entry = json!({ "memo": "before", "amount": 1 });
+    assert_eq!(
+        http(b_addr, "POST", &entries, Some(entry)).await.status,
+        201
+    );
+
+    stop_b.send(()).expect("B's server is running");
+    tokio::time::timeout(PATIENCE, b_http)
+        .await
+        .expect("B's server stops within the patience")
+        .expect("serve task")
+        .expect("serve");
+    assert!(
+        TcpStream::connect(b_addr).await.is_err(),
+        "B still accepts connections"
+    );
+    assert_eq!(
+        lease(&client, &tenant).await,
+        ("held".into(), Some("replica-b".into()))
+    );
+
+    let entry = json!({ "memo": "nowhere", "amount": 2 });
+    let refused = a.post(&entries, Some(entry)).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.header("retry-after"), Some("1"), "{refused:?}");
+    assert_eq!(refused.header("x-pgtenant-served-by"), None, "{refused:?}");
+    let body = refused.json();
+    assert_eq!(body["error"], "owner_unreachable");
+    assert_eq!(body["owner"], "replica-b");
+    assert_eq!(body["owner_address"], format!("http://{b_addr}"));
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not run anywhere")),
+        "{body}"
+    );
+    let read = a.get(&entries).await;
+    assert_eq!(read.status, 503, "{read:?}");
+
+    // Nothing ran: not at B (its server is gone), not at A (which did not take the tenant).
+    assert_eq!(rows(&client, &schema).await, 1);
+    assert_eq!(
+        lease(&client, &tenant).await,
+        ("held".into(), Some("replica-b".into()))
+    );
+    let id = TenantId::new("acme", &ledger).expect("a tenant id");
+    assert!(a.router.handle_of(&id).is_none());
+    assert_eq!(a.get("/health").await.json()["open"], 0);
+
+    assert!(a.shut_down().await.handed_off.is_empty());
+    let report = b_router.close().await;
+    assert_eq!(report.handed_off, [tenant.as_str()], "{report:?}");
 }
 
 #[tokio::test]
@@ -566,6 +820,22 @@ fn a_bad_ttl_is_refused_with_what_to_write() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("--ttl") && stderr.contains("3s"),
+        "{stderr}"
+    );
+}
+
+/// `PLACEMENT` takes 1 or 0, and says so when it gets something else.
+#[test]
+fn a_bad_placement_value_is_refused_with_what_to_write() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_pgtenant-example-service"))
+        .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+        .env("PLACEMENT", "maybe")
+        .output()
+        .expect("run the service binary");
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("PLACEMENT") && stderr.contains("expected 1"),
         "{stderr}"
     );
 }
