@@ -50,7 +50,39 @@ pub(crate) async fn give_back(
     to: Option<&ReplicaId>,
 ) -> Result<()> {
     let replica = &handle.replica;
+    // The handle stays in the replica's map, released, until the control plane has answered:
+    // an open of the tenant here meanwhile is told it is being handed off (`open.rs`), rather
+    // than acquiring it again under the same incarnation (which the control plane allows, and
+    // which made a reserved handoff lose its tenant back to its owner: the release then found
+    // the epoch moved and reported it lost; seen under load in examples/bench_placement.rs,
+    // about one join in two).
+    let released = released_by(handle, event, to).await;
     replica.detach(handle);
+    let released = released?;
+    let (tenant, epoch) = (handle.id.clone(), handle.epoch);
+    replica.emit(match (released, event) {
+        (false, _) => Event::Lost {
+            tenant,
+            epoch,
+            reason: "already taken over when released".to_owned(),
+        },
+        (true, Journal::HandedOff) => Event::HandedOff {
+            tenant,
+            epoch,
+            to: to.cloned(),
+        },
+        (true, Journal::Released) => Event::Released { tenant, epoch },
+    });
+    Ok(())
+}
+
+/// The release itself, through the batcher; whether the control plane released it.
+async fn released_by(
+    handle: &Arc<HeldLease>,
+    event: Journal,
+    to: Option<&ReplicaId>,
+) -> Result<bool> {
+    let replica = &handle.replica;
     let reservation = to.map(|target| (target.as_str(), replica.options.reservation));
     let released = match replica
         .releases
@@ -74,21 +106,7 @@ pub(crate) async fn give_back(
         }
         released => released?,
     };
-    let (tenant, epoch) = (handle.id.clone(), handle.epoch);
-    replica.emit(match (released, event) {
-        (false, _) => Event::Lost {
-            tenant,
-            epoch,
-            reason: "already taken over when released".to_owned(),
-        },
-        (true, Journal::HandedOff) => Event::HandedOff {
-            tenant,
-            epoch,
-            to: to.cloned(),
-        },
-        (true, Journal::Released) => Event::Released { tenant, epoch },
-    });
-    Ok(())
+    Ok(released)
 }
 
 /// Gives a lease acquired in vain straight back, before any handle served it (a schema ahead

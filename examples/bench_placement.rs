@@ -1,0 +1,830 @@
+//! Placement benchmark (#30): a fleet of replicas with `RouterOptions::placement` on, serving a
+//! steady write load across every tenant, while replicas join, restart one after another, and
+//! crash.
+//!
+//! Run with `cargo run --release --example bench_placement` (PostgreSQL on 127.0.0.1:5432, or
+//! whatever `pgtenant_testkit::TestDatabase::create` finds; only 127.0.0.1 is accepted);
+//! `-- --tenants N` for a smaller fleet, `-- --rounds R` for the join's rounds. In one run:
+//!
+//! 1. **Join.** 4 replicas (routers in this process) hold `N` open tenants (10 000), each at its
+//!    home; a 5th joins. Measured: the time from its start until every replica holds exactly
+//!    the tenants whose home it is (`converge_s`, which includes the stability window), the
+//!    tenants moved (`moved`, against the joiner's `share`, and any moved between the old
+//!    replicas), the spread of the replicas' counts around the mean, failed requests, and the
+//!    load's p99 latency during the move against the same load just before it. The joiner then
+//!    closes (its tenants go to their next homes) and joins again: `--rounds` times, medians.
+//! 2. **Rolling restart.** Each of the 5 replicas in turn closes (handing each tenant to its
+//!    next home) and starts again under the same id, under the load; the next one goes once the
+//!    fleet is back at home. Measured: the longest any request waited to be served (retries
+//!    included, from its first attempt), the longest a tenant was without an owner by the
+//!    control plane's history (handed off → acquired), lost acknowledged writes (every
+//!    acknowledged row is looked for at the end), and the spread at the end.
+//! 3. **Crash.** A 6th replica, a child process, receives its share and is SIGKILLed. Measured:
+//!    the time until every one of its tenants is held again (by its next home, unasked), and the
+//!    largest number any survivor took over against an even split.
+//!
+//! The load: 16 tasks in a closed loop, each request a fenced `INSERT … ON CONFLICT DO NOTHING`
+//! of a unique sequence number into a random tenant, entering at a random replica and sent on
+//! at most once (`Router::route`, then `Router::route_forwarded` at the owner), retried while
+//! the tenant is between owners (up to 10 s: then it counts as failed).
+//!
+//! It ends with one machine-readable line per part (`placement-bench:`, `placement-rolling:`,
+//! `placement-kill:`) and writes a Markdown report to `/tmp/bench_placement.md`.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::BufRead as _;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{cpu_model, fresh_database, median, ms, server_info};
+use pgtenant::{Event, Route, Router, RouterOptions, TenantHandle, TenantId};
+
+const COMMAND: &str = "cargo run --release --example bench_placement";
+const REPORT_PATH: &str = "/tmp/bench_placement.md";
+const CHILD_ENV: &str = "PGTENANT_BENCH_PLACEMENT_CHILD";
+const URL_ENV: &str = "PGTENANT_BENCH_PLACEMENT_URL";
+
+const REPLICAS: usize = 4;
+const POOL_SIZE: usize = 8;
+const TTL: Duration = Duration::from_secs(2);
+const STABLE_FOR: Duration = Duration::from_secs(1);
+const LOAD_TASKS: usize = 16;
+const CREATE_CONCURRENCY: usize = 32;
+/// The load's steady window before a join, to compare its p99 with.
+const BASELINE: Duration = Duration::from_secs(4);
+/// A request not served within this counts as failed.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// Any convergence longer than this is a failure of the run.
+const CONVERGE_LIMIT: Duration = Duration::from_secs(120);
+
+const MIGRATIONS: [(&str, &str); 1] = [(
+    "V1__entries",
+    "CREATE TABLE entries (seq bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())",
+)];
+
+fn options(url: &str, name: &str) -> RouterOptions {
+    RouterOptions::from_url(name, url)
+        .expect("database url")
+        .tenant_migrations(MIGRATIONS)
+        .expect("migrations")
+        .ttl(TTL)
+        .pool_size(POOL_SIZE)
+        .max_open_tenants(100_000)
+        .address(format!("bench://{name}"))
+        .placement(true)
+        .placement_stable_for(STABLE_FOR)
+}
+
+fn tenant(i: usize) -> TenantId {
+    TenantId::new("bench", &format!("t{i}")).expect("tenant id")
+}
+
+/// The routers of this process by replica id; `entries` are those a request may enter at (a
+/// closing replica still answers forwarded requests, as a real one does until it exits).
+#[derive(Default)]
+struct Fleet {
+    routers: Mutex<BTreeMap<String, Router>>,
+    entries: Mutex<Vec<String>>,
+}
+
+impl Fleet {
+    fn get(&self, name: &str) -> Option<Router> {
+        self.routers.lock().expect("fleet").get(name).cloned()
+    }
+
+    fn add(&self, name: &str, router: Router) {
+        self.routers
+            .lock()
+            .expect("fleet")
+            .insert(name.to_owned(), router);
+        self.entries.lock().expect("fleet").push(name.to_owned());
+    }
+
+    /// Stops sending new requests to `name`; forwarded ones still reach it until `remove`.
+    fn retire(&self, name: &str) {
+        self.entries.lock().expect("fleet").retain(|n| n != name);
+    }
+
+    fn remove(&self, name: &str) -> Option<Router> {
+        self.retire(name);
+        self.routers.lock().expect("fleet").remove(name)
+    }
+
+    fn entry(&self, pick: u64) -> Option<Router> {
+        let entries = self.entries.lock().expect("fleet");
+        if entries.is_empty() {
+            return None;
+        }
+        let name = &entries[(pick % entries.len() as u64) as usize];
+        self.get(name)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.routers
+            .lock()
+            .expect("fleet")
+            .keys()
+            .cloned()
+            .collect()
+    }
+}
+
+/// What the load saw.
+#[derive(Default)]
+struct LoadLog {
+    /// (when it ended, how long it took from its first attempt) of each served request.
+    served: Mutex<Vec<(Instant, Duration)>>,
+    /// When each failed request gave up.
+    failed: Mutex<Vec<Instant>>,
+    /// Acknowledged (tenant, seq).
+    acked: Mutex<Vec<(usize, i64)>>,
+}
+
+impl LoadLog {
+    fn latencies_between(&self, from: Instant, to: Instant) -> Vec<Duration> {
+        self.served
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|(at, _)| *at >= from && *at <= to)
+            .map(|(_, took)| *took)
+            .collect()
+    }
+
+    fn failed_between(&self, from: Instant, to: Instant) -> usize {
+        self.failed
+            .lock()
+            .expect("log")
+            .iter()
+            .filter(|at| **at >= from && **at <= to)
+            .count()
+    }
+}
+
+/// The `p`th percentile, zero for no values.
+fn percentile_d(values: &[Duration], p: f64) -> Duration {
+    if values.is_empty() {
+        return Duration::ZERO;
+    }
+    common::percentile_d(values, p)
+}
+
+fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+async fn insert(handle: &TenantHandle, seq: i64) -> pgtenant::Result<()> {
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.execute(
+                    "INSERT INTO entries (seq) VALUES ($1) ON CONFLICT (seq) DO NOTHING",
+                    &[&seq],
+                )
+                .await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+}
+
+/// One request: enter at a random replica, go where `route` says (one hop at most), retry
+/// while the tenant is between owners. True when acknowledged.
+async fn request(fleet: &Fleet, id: &TenantId, seq: i64, seed: &mut u64) -> bool {
+    let deadline = Instant::now() + REQUEST_DEADLINE;
+    while Instant::now() < deadline {
+        let Some(entry) = fleet.entry(xorshift(seed)) else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let served = match entry.route(id, false).await {
+            Ok(Route::Here(handle)) => insert(&handle, seq).await.is_ok(),
+            Ok(Route::There { owner, .. }) => match fleet.get(owner.as_str()) {
+                Some(owner) => match owner.route_forwarded(id, false).await {
+                    Ok(Route::Here(handle)) => insert(&handle, seq).await.is_ok(),
+                    _ => false,
+                },
+                // Not reachable (crashed, or between a restart's close and start).
+                None => false,
+            },
+            Err(_) => false,
+        };
+        if served {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    false
+}
+
+/// Runs the load until `stop`.
+fn start_load(
+    fleet: Arc<Fleet>,
+    tenants: usize,
+    log: Arc<LoadLog>,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let seq = Arc::new(AtomicI64::new(0));
+    (0..LOAD_TASKS)
+        .map(|task| {
+            let (fleet, log, stop, seq) = (fleet.clone(), log.clone(), stop.clone(), seq.clone());
+            tokio::spawn(async move {
+                let mut seed = 0x9E37_79B9_7F4A_7C15_u64 ^ (task as u64 + 1);
+                while !stop.load(Ordering::Relaxed) {
+                    let i = (xorshift(&mut seed) % tenants as u64) as usize;
+                    let n = seq.fetch_add(1, Ordering::Relaxed);
+                    let started = Instant::now();
+                    if request(&fleet, &tenant(i), n, &mut seed).await {
+                        log.served
+                            .lock()
+                            .expect("log")
+                            .push((Instant::now(), started.elapsed()));
+                        log.acked.lock().expect("log").push((i, n));
+                    } else {
+                        log.failed.lock().expect("log").push(Instant::now());
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// How many tenants each live replica is the home of, by the database.
+async fn home_counts(admin: &tokio_postgres::Client) -> BTreeMap<String, usize> {
+    admin
+        .query(
+            "SELECT home, count(*) FROM pgtenant.placement WHERE home IS NOT NULL GROUP BY home",
+            &[],
+        )
+        .await
+        .expect("home counts")
+        .iter()
+        .map(|row| (row.get(0), row.get::<_, i64>(1) as usize))
+        .collect()
+}
+
+/// How many tenants each replica holds, by the database.
+async fn held_counts(admin: &tokio_postgres::Client) -> BTreeMap<String, usize> {
+    admin
+        .query(
+            "SELECT owner, count(*) FROM pgtenant.tenants WHERE owner IS NOT NULL GROUP BY owner",
+            &[],
+        )
+        .await
+        .expect("held counts")
+        .iter()
+        .map(|row| (row.get(0), row.get::<_, i64>(1) as usize))
+        .collect()
+}
+
+/// Waits until every in-process router holds exactly the tenants whose home it is (and, when
+/// `expected` names replicas of other processes, the database says so for them). Returns when.
+async fn converged(
+    fleet: &Fleet,
+    admin: &tokio_postgres::Client,
+    expected: &BTreeMap<String, usize>,
+) -> Instant {
+    let limit = Instant::now() + CONVERGE_LIMIT;
+    loop {
+        let here = fleet.names();
+        let local_done = here.iter().all(|name| {
+            fleet
+                .get(name)
+                .is_some_and(|r| r.open_count() == expected.get(name).copied().unwrap_or(0))
+        });
+        let remote: Vec<&String> = expected.keys().filter(|n| !here.contains(n)).collect();
+        let remote_done = remote.is_empty() || {
+            let held = held_counts(admin).await;
+            remote
+                .iter()
+                .all(|name| held.get(*name).copied().unwrap_or(0) == expected[*name])
+        };
+        if local_done && remote_done {
+            return Instant::now();
+        }
+        assert!(
+            Instant::now() < limit,
+            "not converged within {CONVERGE_LIMIT:?}: expected {expected:?}, held {:?}",
+            held_counts(admin).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn spread_pct(counts: &BTreeMap<String, usize>) -> f64 {
+    if counts.is_empty() {
+        return 0.0;
+    }
+    let mean = counts.values().sum::<usize>() as f64 / counts.len() as f64;
+    counts
+        .values()
+        .map(|&n| (n as f64 - mean).abs() / mean * 100.0)
+        .fold(0.0, f64::max)
+}
+
+fn local_counts(fleet: &Fleet) -> BTreeMap<String, usize> {
+    fleet
+        .names()
+        .into_iter()
+        .filter_map(|name| fleet.get(&name).map(|r| (name, r.open_count())))
+        .collect()
+}
+
+/// The `HandedOff` targets received so far, counted.
+fn drain_moves(events: &mut [tokio::sync::broadcast::Receiver<Event>]) -> BTreeMap<String, usize> {
+    let mut moves = BTreeMap::new();
+    for events in events {
+        while let Ok(event) = events.try_recv() {
+            match event {
+                Event::HandedOff { to, .. } => {
+                    let to = to.map_or_else(|| "(anyone)".to_owned(), |to| to.as_str().to_owned());
+                    *moves.entry(to).or_default() += 1;
+                }
+                Event::Lost { tenant, reason, .. } => {
+                    eprintln!("lost {tenant} during a move: {reason}");
+                }
+                _ => {}
+            }
+        }
+    }
+    moves
+}
+
+struct JoinRound {
+    converge: Duration,
+    /// From the joiner's registration, by the database clock (s): the first move to it, the
+    /// last move to it, its last acquisition.
+    timeline: (f64, f64, f64),
+    moved: usize,
+    moved_elsewhere: usize,
+    share: usize,
+    spread_pct: f64,
+    failed: usize,
+    p99_base: Duration,
+    p99_move: Duration,
+}
+
+async fn join_round(
+    url: &str,
+    fleet: &Fleet,
+    admin: &tokio_postgres::Client,
+    log: &LoadLog,
+    joiner: &str,
+) -> JoinRound {
+    let base_from = Instant::now();
+    tokio::time::sleep(BASELINE).await;
+    let base_to = Instant::now();
+    let mut events: Vec<_> = fleet
+        .names()
+        .iter()
+        .filter_map(|n| fleet.get(n))
+        .map(|r| r.subscribe())
+        .collect();
+    let started = Instant::now();
+    let router = Router::start(options(url, joiner))
+        .await
+        .expect("the joiner starts");
+    fleet.add(joiner, router);
+    let expected = home_counts(admin).await;
+    let done = converged(fleet, admin, &expected).await;
+    // The load's latency through the move and a second after it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let move_to = Instant::now();
+    let moves = drain_moves(&mut events);
+    let moved = moves.get(joiner).copied().unwrap_or(0);
+    let p99 = |values: &[Duration]| percentile_d(values, 99.0);
+    let timeline = admin
+        .query_one(
+            "WITH reg AS (SELECT max(at) AS at FROM pgtenant.history
+                           WHERE event = 'registered' AND replica_id = $1)
+             SELECT extract(epoch FROM min(h.at) - reg.at)::float8,
+                    extract(epoch FROM max(h.at) - reg.at)::float8,
+                    (SELECT extract(epoch FROM max(a.at) - reg.at)::float8 FROM pgtenant.history a
+                      WHERE a.event = 'acquired' AND a.replica_id = $1 AND a.at >= reg.at)
+               FROM pgtenant.history h, reg
+              WHERE h.event = 'handed_off' AND h.detail = 'reserved for ' || $1 AND h.at >= reg.at
+              GROUP BY reg.at",
+            &[&joiner],
+        )
+        .await
+        .map(|row| {
+            (
+                row.get::<_, Option<f64>>(0).unwrap_or(0.0),
+                row.get::<_, Option<f64>>(1).unwrap_or(0.0),
+                row.get::<_, Option<f64>>(2).unwrap_or(0.0),
+            )
+        })
+        .unwrap_or_default();
+    JoinRound {
+        timeline,
+        converge: done - started,
+        moved,
+        moved_elsewhere: moves.values().sum::<usize>() - moved,
+        share: expected.get(joiner).copied().unwrap_or(0),
+        spread_pct: spread_pct(&local_counts(fleet)),
+        failed: log.failed_between(started, move_to),
+        p99_base: p99(&log.latencies_between(base_from, base_to)),
+        p99_move: p99(&log.latencies_between(started, move_to)),
+    }
+}
+
+/// The longest a tenant was without an owner during `[from, to]` by the control plane's
+/// history: each handoff or release to the tenant's next acquisition, in ms.
+async fn longest_gap_ms(admin: &tokio_postgres::Client, from_epoch_s: f64) -> f64 {
+    admin
+        .query_one(
+            "WITH ends AS (
+                 SELECT h.tenant_key, h.at,
+                        (SELECT min(n.at) FROM pgtenant.history n
+                          WHERE n.tenant_key = h.tenant_key AND n.at >= h.at
+                            AND n.event IN ('acquired', 'created')) AS next_at
+                   FROM pgtenant.history h
+                  WHERE h.event IN ('handed_off', 'released') AND h.tenant_key IS NOT NULL
+                    AND h.at >= to_timestamp($1))
+             SELECT coalesce(max(extract(epoch FROM next_at - at) * 1000), 0)::float8 FROM ends",
+            &[&from_epoch_s],
+        )
+        .await
+        .expect("history gaps")
+        .get(0)
+}
+
+async fn db_now(admin: &tokio_postgres::Client) -> f64 {
+    admin
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+        .expect("now")
+        .get(0)
+}
+
+/// The child process of part 3: a replica with the fleet's options that holds what it is given.
+fn child_main(name: &str) {
+    let url = std::env::var(URL_ENV).expect("url");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async move {
+        let _router = Router::start(options(&url, name))
+            .await
+            .expect("child router");
+        println!("ready");
+        std::future::pending::<()>().await;
+    });
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|at| args.get(at + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    if let Ok(name) = std::env::var(CHILD_ENV) {
+        child_main(&name);
+        return;
+    }
+    let tenants = arg("--tenants", 10_000);
+    let rounds = arg("--rounds", 3).max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run(tenants, rounds));
+}
+
+async fn run(tenants: usize, rounds: usize) {
+    let (db, admin) = fresh_database().await;
+    let url = db.url().to_owned();
+    let server = server_info(&admin).await;
+    let fleet = Arc::new(Fleet::default());
+    let names: Vec<String> = (1..=REPLICAS).map(|i| format!("r{i}")).collect();
+    for name in &names {
+        let router = Router::start(options(&url, name))
+            .await
+            .expect("router starts");
+        fleet.add(name, router);
+    }
+    // Every tenant created at its home (route, then route_forwarded at the home).
+    let created = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut creators = Vec::new();
+    for _ in 0..CREATE_CONCURRENCY {
+        let (fleet, next) = (fleet.clone(), next.clone());
+        creators.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= tenants {
+                    return;
+                }
+                let id = tenant(i);
+                let entry = fleet.entry(i as u64).expect("a replica");
+                let route = entry.route(&id, true).await.expect("route");
+                if let Route::There { owner, .. } = route {
+                    let home = fleet.get(owner.as_str()).expect("home in the fleet");
+                    home.route_forwarded(&id, true)
+                        .await
+                        .expect("create at home");
+                }
+            }
+        }));
+    }
+    for creator in creators {
+        creator.await.expect("creator");
+    }
+    let expected = home_counts(&admin).await;
+    converged(&fleet, &admin, &expected).await;
+    eprintln!(
+        "{tenants} tenants created and at home in {:.1} s",
+        created.elapsed().as_secs_f64()
+    );
+
+    let log = Arc::new(LoadLog::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = start_load(fleet.clone(), tenants, log.clone(), stop.clone());
+
+    // Part 1: a 5th replica joins, `rounds` times (closing in between).
+    let mut joins = Vec::new();
+    for round in 0..rounds {
+        let joined = join_round(&url, &fleet, &admin, &log, "r5").await;
+        eprintln!(
+            "join {}: converged in {:.2} s (moves from {:.2} to {:.2} s after it registered, last pickup {:.2} s), moved {} (share {}, {} elsewhere), spread {:.1} %, failed {}, p99 {:.1} → {:.1} ms",
+            round + 1,
+            joined.converge.as_secs_f64(),
+            joined.timeline.0,
+            joined.timeline.1,
+            joined.timeline.2,
+            joined.moved,
+            joined.share,
+            joined.moved_elsewhere,
+            joined.spread_pct,
+            joined.failed,
+            ms(joined.p99_base),
+            ms(joined.p99_move)
+        );
+        joins.push(joined);
+        if round + 1 < rounds {
+            let leaving = fleet.remove("r5").expect("r5");
+            leaving.close().await;
+            let expected = home_counts(&admin).await;
+            converged(&fleet, &admin, &expected).await;
+        }
+    }
+
+    // Part 2: a rolling restart of every replica.
+    let rolling_from = Instant::now();
+    let rolling_db_from = db_now(&admin).await;
+    let mut steps = Vec::new();
+    for name in fleet.names() {
+        let step = Instant::now();
+        fleet.retire(&name);
+        let router = fleet.get(&name).expect("in the fleet");
+        let report = router.close().await;
+        fleet.remove(&name);
+        drop(router);
+        let again = Router::start(options(&url, &name)).await.expect("restarts");
+        fleet.add(&name, again);
+        let expected = home_counts(&admin).await;
+        converged(&fleet, &admin, &expected).await;
+        eprintln!(
+            "restarted {name}: handed off {} (failed {}), back at home after {:.2} s",
+            report.handed_off.len(),
+            report.failed.len(),
+            step.elapsed().as_secs_f64()
+        );
+        steps.push(step.elapsed());
+    }
+    let rolling_to = Instant::now();
+    let rolling_waits = log.latencies_between(rolling_from, rolling_to);
+    let max_wait = rolling_waits.iter().max().copied().unwrap_or_default();
+    let rolling_failed = log.failed_between(rolling_from, rolling_to);
+    let max_gap_ms = longest_gap_ms(&admin, rolling_db_from).await;
+    let rolling_spread = spread_pct(&local_counts(&fleet));
+
+    // Part 3: a 6th replica in a child process receives its share and is SIGKILLed.
+    let exe = std::env::current_exe().expect("this example");
+    let mut child = std::process::Command::new(exe)
+        .env(CHILD_ENV, "r6")
+        .env(URL_ENV, &url)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("child replica");
+    let stdout = child.stdout.take().expect("stdout");
+    let ready = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    })
+    .await
+    .expect("child output");
+    assert_eq!(ready.expect("child ready").trim(), "ready");
+    let with_child = home_counts(&admin).await;
+    converged(&fleet, &admin, &with_child).await;
+    let victims = held_counts(&admin).await.get("r6").copied().unwrap_or(0);
+    let mut events: Vec<_> = fleet
+        .names()
+        .iter()
+        .filter_map(|n| fleet.get(n))
+        .map(|r| r.subscribe())
+        .collect();
+    let killed = Instant::now();
+    let _ = child.kill();
+    let _ = child.wait();
+    let survivors = home_counts(&admin).await;
+    // Served again: nothing held by r6, and every replica at home (the database's view).
+    let limit = Instant::now() + CONVERGE_LIMIT;
+    loop {
+        let left: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pgtenant.placement WHERE owner IS NULL OR owner = 'r6' OR NOT at_home",
+                &[],
+            )
+            .await
+            .expect("placement")
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < limit, "r6's tenants not served again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served_again = killed.elapsed();
+    let mut took: HashMap<String, usize> = HashMap::new();
+    for (events, name) in events.iter_mut().zip(fleet.names()) {
+        while let Ok(event) = events.try_recv() {
+            if let Event::Acquired {
+                took_over_from: Some(from),
+                ..
+            } = event
+            {
+                if from.as_str() == "r6" {
+                    *took.entry(name.clone()).or_default() += 1;
+                }
+            }
+        }
+    }
+    let even = victims as f64 / fleet.names().len() as f64;
+    let max_share_ratio = took.values().copied().max().unwrap_or(0) as f64 / even.max(1.0);
+
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        let _ = task.await;
+    }
+    // Every acknowledged row, looked for.
+    let acked = std::mem::take(&mut *log.acked.lock().expect("log"));
+    let mut by_tenant: HashMap<usize, Vec<i64>> = HashMap::new();
+    for (i, seq) in &acked {
+        by_tenant.entry(*i).or_default().push(*seq);
+    }
+    let schemas: HashMap<String, String> = admin
+        .query(
+            "SELECT key, schema_name FROM pgtenant.tenants WHERE schema_name IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("schemas")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let mut lost = 0;
+    for (i, seqs) in &by_tenant {
+        let schema = &schemas[tenant(*i).key()];
+        let found: i64 = admin
+            .query_one(
+                &format!("SELECT count(*) FROM \"{schema}\".entries WHERE seq = ANY($1)"),
+                &[seqs],
+            )
+            .await
+            .expect("acked rows")
+            .get(0);
+        lost += seqs.len() - found as usize;
+    }
+
+    for name in fleet.names() {
+        if let Some(router) = fleet.remove(&name) {
+            router.close().await;
+        }
+    }
+
+    let converge = median(
+        &joins
+            .iter()
+            .map(|j| j.converge.as_secs_f64())
+            .collect::<Vec<_>>(),
+    );
+    let moved = median(&joins.iter().map(|j| j.moved as f64).collect::<Vec<_>>());
+    let share = median(&joins.iter().map(|j| j.share as f64).collect::<Vec<_>>());
+    let elsewhere: usize = joins.iter().map(|j| j.moved_elsewhere).sum();
+    let spread = median(&joins.iter().map(|j| j.spread_pct).collect::<Vec<_>>());
+    let failed: usize = joins.iter().map(|j| j.failed).sum();
+    let p99_delta = median(
+        &joins
+            .iter()
+            .map(|j| ms(j.p99_move) - ms(j.p99_base))
+            .collect::<Vec<_>>(),
+    );
+    let mut report = String::new();
+    let _ = writeln!(report, "# Placement benchmark\n");
+    let _ = writeln!(
+        report,
+        "`{COMMAND}`, {} (PostgreSQL {}), CPU {}, {} tenants, {} replicas in this process + 1 \
+         child, ttl {:?}, stability window {:?}, {LOAD_TASKS} load tasks, pool {POOL_SIZE} per \
+         replica.\n",
+        server.date,
+        server.pg_version,
+        cpu_model().unwrap_or_default(),
+        tenants,
+        REPLICAS + 1,
+        TTL,
+        STABLE_FOR
+    );
+    let _ = writeln!(report, "## Join ({rounds} rounds)\n");
+    let _ = writeln!(
+        report,
+        "converge: from the joiner's start until every replica holds exactly its homes; first \
+         move, last move, last pickup: after the joiner registered, by the database clock (the \
+         first move waits for the {STABLE_FOR:?} stability window).\n"
+    );
+    let _ = writeln!(
+        report,
+        "| round | converge s | first move s | last move s | last pickup s | moved | share | moved between others | spread % | failed | p99 before ms | p99 during ms |"
+    );
+    let _ = writeln!(report, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for (i, j) in joins.iter().enumerate() {
+        let _ = writeln!(
+            report,
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} |",
+            i + 1,
+            j.converge.as_secs_f64(),
+            j.timeline.0,
+            j.timeline.1,
+            j.timeline.2,
+            j.moved,
+            j.share,
+            j.moved_elsewhere,
+            j.spread_pct,
+            j.failed,
+            ms(j.p99_base),
+            ms(j.p99_move)
+        );
+    }
+    let _ = writeln!(report, "\n## Rolling restart\n");
+    let _ = writeln!(
+        report,
+        "Steps (close, start again, back at home): {}. Longest wait of a request: {:.0} ms; \
+         longest a tenant had no owner (history): {max_gap_ms:.0} ms; failed requests: \
+         {rolling_failed}; spread at the end {rolling_spread:.1} %. Requests served during the \
+         restart: {}, p99 {:.1} ms.",
+        steps
+            .iter()
+            .map(|s| format!("{:.2} s", s.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        ms(max_wait),
+        rolling_waits.len(),
+        ms(percentile_d(&rolling_waits, 99.0))
+    );
+    let _ = writeln!(report, "\n## Crash\n");
+    let _ = writeln!(
+        report,
+        "r6 held {victims} tenants when SIGKILLed; all held again by their next homes after \
+         {:.2} s (ttl {:?}); taken over per survivor: {took:?} (homes among survivors: {survivors:?}).",
+        served_again.as_secs_f64(),
+        TTL
+    );
+    let _ = writeln!(
+        report,
+        "\nAcknowledged writes: {}; lost: {lost}.",
+        acked.len()
+    );
+    let lines = [
+        format!(
+            "placement-bench: tenants={tenants} replicas={REPLICAS}+1 converge_s={converge:.2} moved={moved:.0} share={share:.0} moved_between_others={elsewhere} spread_pct={spread:.1} failed={failed} p99_delta_ms={p99_delta:.1}"
+        ),
+        format!(
+            "placement-rolling: tenants={tenants} replicas={} max_unserved_ms={:.0} max_gap_ms={max_gap_ms:.0} failed={rolling_failed} lost={lost} spread_pct={rolling_spread:.1}",
+            REPLICAS + 1,
+            ms(max_wait)
+        ),
+        format!(
+            "placement-kill: tenants={victims} served_again_s={:.2} ttl_s={:.1} max_share_ratio={max_share_ratio:.2}",
+            served_again.as_secs_f64(),
+            TTL.as_secs_f64()
+        ),
+    ];
+    let _ = writeln!(report, "\n```\n{}\n```", lines.join("\n"));
+    std::fs::write(REPORT_PATH, &report).expect("report");
+    println!("{report}");
+    for line in lines {
+        println!("{line}");
+    }
+}
