@@ -29,27 +29,31 @@ COMMENT ON FUNCTION pgtenant.placement_members(integer) IS
     'The replicas tenants are placed on (placement_candidates), their weights, and whether each has been alive, in its current incarnation, for p_stable_ms: rebalancing moves tenants only to stable ones.';
 REVOKE ALL ON FUNCTION pgtenant.placement_members(integer) FROM PUBLIC;
 
+-- Homes here are computed set-based (each tenant against each member, DISTINCT ON by score,
+-- the same order as home_among: score, then replica id) rather than by a home_among call per
+-- tenant: for 2 000 held tenants among 5 members, 86 ms against 430 ms idle (and 3 s against
+-- well over that on a loaded 2-core machine, which let the first look of a join lag behind).
 CREATE FUNCTION pgtenant.placement_moves(p_replica text, p_stable_ms integer, p_leaving boolean,
                                          p_limit integer)
 RETURNS TABLE (tenant text, epoch bigint, home text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
 WITH members AS MATERIALIZED (
-    SELECT array_agg(m.replica_id ORDER BY m.replica_id) AS ids,
-           array_agg(m.weight ORDER BY m.replica_id) AS weights
+    SELECT m.replica_id, m.weight
       FROM pgtenant.placement_members(p_stable_ms) m
-     WHERE CASE WHEN m.replica_id = p_replica THEN NOT p_leaving ELSE m.stable END
-), mine AS (
+     WHERE m.weight > 0
+       AND CASE WHEN m.replica_id = p_replica THEN NOT p_leaving ELSE m.stable END
+), mine AS MATERIALIZED (
     SELECT t.key, t.epoch
       FROM pgtenant.tenants t
       JOIN pgtenant.replicas r ON r.replica_id = p_replica AND t.owner_incarnation = r.incarnation
      WHERE t.owner = p_replica AND t.schema_name IS NOT NULL
+), homes AS (
+    SELECT DISTINCT ON (mine.key) mine.key, mine.epoch, m.replica_id AS home
+      FROM mine CROSS JOIN members m
+     ORDER BY mine.key, pgtenant.placement_score(mine.key, m.replica_id, m.weight) DESC,
+              m.replica_id
 )
-SELECT h.key, h.epoch, h.home
-  FROM (SELECT mine.key, mine.epoch, pgtenant.home_among(mine.key, m.ids, m.weights) AS home
-          FROM mine, members m) h
- WHERE h.home IS NOT NULL AND h.home <> p_replica
- ORDER BY h.key
- LIMIT p_limit
+SELECT h.key, h.epoch, h.home FROM homes h WHERE h.home <> p_replica ORDER BY h.key LIMIT p_limit
 $$;
 COMMENT ON FUNCTION pgtenant.placement_moves(text, integer, boolean, integer) IS
     'The tenants replica p_replica holds whose home is another replica, with that home: among the live replicas stable for p_stable_ms, and p_replica itself unless p_leaving (then every tenant gets its next home). At most p_limit rows.';
@@ -73,28 +77,49 @@ CREATE FUNCTION pgtenant.orphaned_homes(p_replica text, p_limit integer)
 RETURNS TABLE (tenant text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
 WITH members AS MATERIALIZED (
-    SELECT array_agg(c.replica_id ORDER BY c.replica_id) AS ids,
-           array_agg(c.weight ORDER BY c.replica_id) AS weights
-      FROM pgtenant.placement_candidates c
-), orphans AS (
+    SELECT c.replica_id, c.weight FROM pgtenant.placement_candidates c
+), orphans AS MATERIALIZED (
     -- Held by an incarnation that is over: expired, deregistered, or replaced by a newer one.
-    -- Per owner through tenants_owner; the owners are the few rows of pgtenant.replicas.
+    -- Materialized, so homes are computed for these few only (1.1 s for 10 000 tenants when
+    -- the planner pushed the home down to every tenant; 11 ms so).
     SELECT t.key
       FROM pgtenant.replicas r
       JOIN pgtenant.tenants t ON t.owner = r.replica_id
      WHERE (r.released_at IS NOT NULL OR r.expires_at <= now()
             OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
        AND t.schema_name IS NOT NULL
+), homes AS (
+    SELECT DISTINCT ON (o.key) o.key, m.replica_id AS home
+      FROM orphans o CROSS JOIN members m
+     ORDER BY o.key, pgtenant.placement_score(o.key, m.replica_id, m.weight) DESC, m.replica_id
 )
-SELECT o.key
-  FROM orphans o, members m
- WHERE pgtenant.home_among(o.key, m.ids, m.weights) = p_replica
- ORDER BY o.key
- LIMIT p_limit
+SELECT h.key FROM homes h WHERE h.home = p_replica ORDER BY h.key LIMIT p_limit
 $$;
 COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS
     'Tenants still held by an incarnation that is over (expired, deregistered or replaced) whose home among the live replicas is p_replica: what it takes over, and nobody else, after a crash. At most p_limit rows.';
 REVOKE ALL ON FUNCTION pgtenant.orphaned_homes(text, integer) FROM PUBLIC;
+
+-- The placement view, set-based like the functions above: 10 000 tenants among 5 replicas in
+-- about 100 ms instead of 1.1 s (V15 called home_among per tenant).
+CREATE OR REPLACE VIEW pgtenant.placement AS
+WITH candidates AS MATERIALIZED (
+    SELECT c.replica_id, c.weight FROM pgtenant.placement_candidates c
+), live AS MATERIALIZED (
+    SELECT t.key, t.owner, t.reserved_for, t.reserved_until
+      FROM pgtenant.tenants t
+     WHERE t.schema_name IS NOT NULL
+), homes AS (
+    SELECT DISTINCT ON (l.key) l.key, c.replica_id AS home
+      FROM live l CROSS JOIN candidates c
+     ORDER BY l.key, pgtenant.placement_score(l.key, c.replica_id, c.weight) DESC, c.replica_id
+)
+SELECT l.key AS tenant, l.owner,
+       CASE WHEN l.owner IS NULL AND l.reserved_until > now() THEN l.reserved_for END AS reserved_for,
+       h.home, r.address AS home_address,
+       l.owner IS NOT DISTINCT FROM h.home AS at_home
+  FROM live l
+  LEFT JOIN homes h ON h.key = l.key
+  LEFT JOIN pgtenant.replicas r ON r.replica_id = h.home;
 
 -- A release reserved for a replica also tells that replica (`pgtenant_reserved`, the payload
 -- its id), so it picks the tenant up at once rather than at its next request: rebalancing's

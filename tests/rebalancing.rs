@@ -440,3 +440,34 @@ async fn placement_works_under_the_application_role_alone() {
     assert_eq!(b.open_count(), ids.len(), "a's tenants went to b on close");
     b.close().await;
 }
+
+/// The history driver (tests/support/history.rs) with placement on in every replica: tenants
+/// move to their homes, a killed replica's tenants are taken over by their next homes and moved
+/// back once it is stable again, under kills, pauses past the ttl, terminated sessions and
+/// dropped futures. Both halves: nothing stale or lost, and every replica serving again.
+#[tokio::test]
+async fn a_history_with_rebalancing_under_kills_pauses_terminations_and_cancellation() {
+    let (db, _client) = database().await;
+    let ledgers = ["placed-a", "placed-b"];
+    let names = ["placed-0", "placed-1", "placed-2"];
+    let faults = support::Faults {
+        terminate: true,
+        cancel: true,
+        placement: true,
+        ..support::Faults::default()
+    };
+    let (history, total) = support::history_test(
+        "replica_child",
+        db.url(),
+        &names,
+        &ledgers,
+        0x2545_f491_4f6c_dd1d,
+        &faults,
+        "placed-checker",
+    )
+    .await;
+    assert!(
+        total > 0 && history.kills + history.pauses + history.terminations > 0,
+        "the run exercised writes and faults"
+    );
+}

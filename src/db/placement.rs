@@ -36,7 +36,7 @@ pub(crate) async fn placement_members(
     client: &Client,
     stable_for: std::time::Duration,
 ) -> Result<Vec<Member>, tokio_postgres::Error> {
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT replica_id, weight, stable FROM pgtenant.placement_members($1)",
         &[(&millis(stable_for), Type::INT4)],
@@ -64,7 +64,7 @@ pub(crate) async fn placement_moves(
     limit: usize,
 ) -> Result<Vec<Move>, tokio_postgres::Error> {
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT tenant, epoch, home FROM pgtenant.placement_moves($1, $2, $3, $4)",
         &[
@@ -98,7 +98,7 @@ pub(crate) async fn reserved_for(
     limit: usize,
 ) -> Result<Vec<TenantId>, tokio_postgres::Error> {
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT tenant FROM pgtenant.reserved_for($1, $2)",
         &[(replica, Type::TEXT), (&limit, Type::INT4)],
@@ -115,7 +115,7 @@ pub(crate) async fn orphaned_homes(
     limit: usize,
 ) -> Result<Vec<TenantId>, tokio_postgres::Error> {
     let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-    let rows = super::call(
+    let rows = crate::db::call(
         client,
         "SELECT tenant FROM pgtenant.orphaned_homes($1, $2)",
         &[(replica, Type::TEXT), (&limit, Type::INT4)],

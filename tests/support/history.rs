@@ -32,6 +32,8 @@ pub(crate) struct History {
     pub(crate) stalls: u32,
     /// The partitions of a run with [`Faults::partitions`].
     pub(crate) partitions: Vec<netns::Cut>,
+    /// Each replica's own ledger, in the order of the names.
+    pub(crate) own: Vec<String>,
     /// When the run began, when its last fault ended (the last pause resumed, the last restart
     /// or promotion done, the last cut link healed and its work in flight answered), and when
     /// it ended.
@@ -146,6 +148,10 @@ pub(crate) struct Faults<'a> {
     /// (3 %, and at least every 3 s), half the time with a transaction open across the cut,
     /// while another replica takes over a shared ledger it held ([`netns::PartitionFaults`]).
     pub(crate) partitions: Option<&'a netns::Partitions>,
+    /// Placement on in every replica (stable after 300 ms): rebalancing moves tenants to their
+    /// homes, takes over a killed replica's tenants at their next homes, and moves them back
+    /// once it is stable again. Each replica's own ledger is named so that it is its home.
+    pub(crate) placement: bool,
 }
 
 /// How long a history run injects faults, and how long it goes on without any: the quiet part
@@ -158,6 +164,42 @@ fn phases() -> (Duration, Duration) {
         .and_then(|secs| secs.parse().ok())
         .map_or(Duration::from_secs(10), Duration::from_secs);
     (fault, Duration::from_secs(10))
+}
+
+/// Each replica's own ledger: `<name>-own`, or with placement the first `<name>-own-<k>` whose
+/// home among `names` is that replica (so that every replica always has something to serve).
+async fn own_ledgers(
+    admin: Option<&tokio_postgres::Client>,
+    names: &[&str],
+    placement: bool,
+) -> Vec<String> {
+    let mut own = Vec::new();
+    for name in names {
+        if !placement {
+            own.push(format!("{name}-own"));
+            continue;
+        }
+        let admin = admin.expect("an admin session to name the ledgers");
+        let weights = vec![1.0_f64; names.len()];
+        let mut k = 0;
+        loop {
+            let ledger = format!("{name}-own-{k}");
+            let home: Option<String> = admin
+                .query_one(
+                    "SELECT pgtenant.home_among($1, $2, $3)",
+                    &[&tenant(&ledger).key(), &names, &weights],
+                )
+                .await
+                .expect("home")
+                .get(0);
+            if home.as_deref() == Some(*name) {
+                own.push(ledger);
+                break;
+            }
+            k += 1;
+        }
+    }
+    own
 }
 
 /// A superuser session for the faults' SQL, opened again after a restart or a failover.
@@ -189,6 +231,9 @@ pub(crate) async fn run_history(
 ) -> History {
     let spawn = |c: usize| match faults.partitions {
         Some(partitions) => partitions.spawn(child, c, names[c]),
+        None if faults.placement => {
+            ReplicaProcess::spawn_with(child, url, names[c], &[("PGTENANT_TEST_PLACEMENT", "300")])
+        }
         None => ReplicaProcess::spawn(child, url, names[c]),
     };
     let mut children: Vec<ReplicaProcess> = Vec::new();
@@ -200,8 +245,8 @@ pub(crate) async fn run_history(
     let mut partitions = faults
         .partitions
         .map(|partitions| netns::PartitionFaults::new(partitions, ledgers));
-    let own: Vec<String> = names.iter().map(|name| format!("{name}-own")).collect();
     let mut admin = admin_session(url).await;
+    let own = own_ledgers(admin.as_ref(), names, faults.placement).await;
     let mut paused_until: Vec<Option<std::time::Instant>> = vec![None; names.len()];
     let mut history = History::default();
     let mut seq = 0_i64;
@@ -429,6 +474,7 @@ pub(crate) async fn run_history(
     if let Some(partitions) = partitions.as_mut() {
         partitions.heal_all(&mut history);
     }
+    history.own = own;
     history.started = Some(started);
     history.faults_ended = Some(faults_ended);
     history.ended = Some(std::time::Instant::now());
@@ -529,7 +575,11 @@ pub(crate) async fn check_all(
     ledgers: &[&str],
 ) -> usize {
     let checker = router(url, checker).await;
-    let own: Vec<String> = names.iter().map(|name| format!("{name}-own")).collect();
+    let own: Vec<String> = if history.own.is_empty() {
+        names.iter().map(|name| format!("{name}-own")).collect()
+    } else {
+        history.own.clone()
+    };
     let mut total = 0;
     for ledger in ledgers
         .iter()
