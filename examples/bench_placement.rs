@@ -50,7 +50,7 @@ const CHILD_ENV: &str = "PGTENANT_BENCH_PLACEMENT_CHILD";
 const URL_ENV: &str = "PGTENANT_BENCH_PLACEMENT_URL";
 
 const REPLICAS: usize = 4;
-const POOL_SIZE: usize = 8;
+const POOL_SIZE: usize = 16;
 const TTL: Duration = Duration::from_secs(2);
 const STABLE_FOR: Duration = Duration::from_secs(1);
 const LOAD_TASKS: usize = 16;

@@ -64,13 +64,12 @@ RETURNS TABLE (tenant text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
 SELECT t.key
   FROM pgtenant.tenants t
- WHERE t.reserved_for = p_replica AND t.owner IS NULL AND t.reserved_until > now()
-   AND t.schema_name IS NOT NULL
+ WHERE t.reserved_for = p_replica AND t.owner IS NULL AND t.schema_name IS NOT NULL
  ORDER BY t.key
  LIMIT p_limit
 $$;
 COMMENT ON FUNCTION pgtenant.reserved_for(text, integer) IS
-    'Tenants a directed handoff reserved for replica p_replica that it has not picked up yet (index tenants_reserved).';
+    'Tenants a directed handoff reserved for replica p_replica that nobody has opened since (index tenants_reserved), the reservation current or run out: what the handoff meant for it. A release without a target clears reserved_for, so an idle release is not undone.';
 REVOKE ALL ON FUNCTION pgtenant.reserved_for(text, integer) FROM PUBLIC;
 
 CREATE FUNCTION pgtenant.orphaned_homes(p_replica text, p_limit integer)

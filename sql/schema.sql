@@ -1862,12 +1862,11 @@ CREATE OR REPLACE FUNCTION pgtenant.reserved_for(p_replica text, p_limit integer
 AS $function$
 SELECT t.key
   FROM pgtenant.tenants t
- WHERE t.reserved_for = p_replica AND t.owner IS NULL AND t.reserved_until > now()
-   AND t.schema_name IS NOT NULL
+ WHERE t.reserved_for = p_replica AND t.owner IS NULL AND t.schema_name IS NOT NULL
  ORDER BY t.key
  LIMIT p_limit
 $function$;
-COMMENT ON FUNCTION pgtenant.reserved_for(text, integer) IS 'Tenants a directed handoff reserved for replica p_replica that it has not picked up yet (index tenants_reserved).';
+COMMENT ON FUNCTION pgtenant.reserved_for(text, integer) IS 'Tenants a directed handoff reserved for replica p_replica that nobody has opened since (index tenants_reserved), the reservation current or run out: what the handoff meant for it. A release without a target clears reserved_for, so an idle release is not undone.';
 REVOKE EXECUTE ON FUNCTION pgtenant.reserved_for(text, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.reset_session(p_tenant text)

@@ -48,6 +48,9 @@ pub(crate) const RECHECK: Duration = Duration::from_secs(5);
 pub(crate) const PICKUP_EVERY: Duration = Duration::from_secs(2);
 /// Handoffs or opens at once.
 pub(crate) const LANES: usize = 16;
+/// Opens at once when picking up: an open is mostly waiting on the database, and a moved
+/// tenant is unserved until its home opens it.
+pub(crate) const PICKUP_LANES: usize = 32;
 /// Reserved tenants read at a time.
 const PICKUP_BATCH: usize = 512;
 
@@ -175,7 +178,7 @@ async fn take_over_orphans(replica: &Arc<Replica>, budget: usize) -> Result<usiz
     open_all(replica, orphans).await
 }
 
-/// Opens `tenants` here, [`LANES`] at a time; how many there were.
+/// Opens `tenants` here, [`PICKUP_LANES`] at a time; how many there were.
 async fn open_all(replica: &Arc<Replica>, tenants: Vec<TenantId>) -> Result<usize> {
     let listed = tenants.len();
     let queue = std::sync::Mutex::new(tenants.into_iter());
@@ -191,7 +194,7 @@ async fn open_all(replica: &Arc<Replica>, tenants: Vec<TenantId>) -> Result<usiz
             }
         }
     };
-    join_all((0..LANES).map(|_| lane())).await;
+    join_all((0..PICKUP_LANES).map(|_| lane())).await;
     Ok(listed)
 }
 
