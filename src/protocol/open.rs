@@ -26,9 +26,6 @@ fn local(shared: &Replica, id: &TenantId) -> Option<Result<Arc<HeldLease>>> {
     match inner.state() {
         HandleState::Serving if inner.is_serving() => Some(Ok(inner)),
         HandleState::Draining => Some(Err(Error::Draining { tenant: id.clone() })),
-        // Still in the map: its release has not been answered yet (`release.rs`). Acquiring
-        // now would take the tenant back under this incarnation, from under a handoff.
-        HandleState::Released => Some(Err(Error::Draining { tenant: id.clone() })),
         _ => None,
     }
 }

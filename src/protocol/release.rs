@@ -51,8 +51,8 @@ pub(crate) async fn give_back(
 ) -> Result<()> {
     let replica = &handle.replica;
     // The handle stays in the replica's map, released, until the control plane has answered:
-    // an open of the tenant here meanwhile is told it is being handed off (`open.rs`), rather
-    // than acquiring it again under the same incarnation (which the control plane allows, and
+    // an acquisition of the tenant here meanwhile waits for that answer
+    // (`Replica::earlier_work_done`), rather than acquiring it again under the same incarnation (which the control plane allows, and
     // which made a reserved handoff lose its tenant back to its owner: the release then found
     // the epoch moved and reported it lost; seen under load in examples/bench_placement.rs,
     // about one join in two).

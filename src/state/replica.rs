@@ -214,8 +214,14 @@ impl Replica {
                 && handle.state() != HandleState::Serving
                 && handle.in_flight() > 0
         };
+        // Still in the map and not serving: draining, or released and awaiting the answer.
+        let pending = |handle: &Arc<HeldLease>| {
+            handle.id == *id
+                && handle.credentials.registration == credentials.registration
+                && handle.state() != HandleState::Serving
+        };
         loop {
-            let busy = lock(&self.handles).get(id).filter(|h| earlier(h)).cloned();
+            let busy = lock(&self.handles).get(id).filter(|h| pending(h)).cloned();
             let busy = busy.or_else(|| {
                 let mut retiring = lock(&self.retiring);
                 retiring.retain(|old| old.upgrade().is_some_and(|old| old.in_flight() > 0));
@@ -227,6 +233,17 @@ impl Replica {
             let Some(handle) = busy else {
                 return Ok(());
             };
+            if handle.in_flight() == 0 {
+                // Its work is over but its release is on its way (the handle leaves the map when
+                // the control plane has answered, `release.rs`): acquiring now would take the
+                // tenant back under this incarnation from under a handoff. Releases take
+                // milliseconds; polled, since nothing else waits on a detach.
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(Error::Draining { tenant: id.clone() });
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                continue;
+            }
             if tokio::time::timeout_at(deadline, handle.wait_idle())
                 .await
                 .is_err()
