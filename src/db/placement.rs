@@ -63,7 +63,7 @@ pub(crate) async fn placement_moves(
     leaving: bool,
     limit: usize,
 ) -> Result<Vec<Move>, tokio_postgres::Error> {
-    let limit = i32::try_from(limit).unwrap_or(i32::MAX);
+    let limit = row_limit(limit);
     let rows = crate::db::call(
         client,
         "SELECT tenant, epoch, home FROM pgtenant.placement_moves($1, $2, $3, $4)",
@@ -97,14 +97,13 @@ pub(crate) async fn reserved_for(
     replica: &ReplicaId,
     limit: usize,
 ) -> Result<Vec<TenantId>, tokio_postgres::Error> {
-    let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-    let rows = crate::db::call(
+    tenants_for(
         client,
         "SELECT tenant FROM pgtenant.reserved_for($1, $2)",
-        &[(replica, Type::TEXT), (&limit, Type::INT4)],
+        replica,
+        limit,
     )
-    .await?;
-    Ok(tenant_ids(&rows))
+    .await
 }
 
 /// `pgtenant.orphaned_homes(replica, limit)`: tenants still held by an incarnation that is over
@@ -114,14 +113,30 @@ pub(crate) async fn orphaned_homes(
     replica: &ReplicaId,
     limit: usize,
 ) -> Result<Vec<TenantId>, tokio_postgres::Error> {
-    let limit = i32::try_from(limit).unwrap_or(i32::MAX);
-    let rows = crate::db::call(
+    tenants_for(
         client,
         "SELECT tenant FROM pgtenant.orphaned_homes($1, $2)",
-        &[(replica, Type::TEXT), (&limit, Type::INT4)],
+        replica,
+        limit,
     )
-    .await?;
+    .await
+}
+
+/// A `(replica, limit)` function returning tenant keys, as tenant ids.
+async fn tenants_for(
+    client: &Client,
+    sql: &str,
+    replica: &ReplicaId,
+    limit: usize,
+) -> Result<Vec<TenantId>, tokio_postgres::Error> {
+    let limit = row_limit(limit);
+    let rows = crate::db::call(client, sql, &[(replica, Type::TEXT), (&limit, Type::INT4)]).await?;
     Ok(tenant_ids(&rows))
+}
+
+/// A row count for an `integer` parameter (larger ones ask for everything).
+fn row_limit(limit: usize) -> i32 {
+    i32::try_from(limit).unwrap_or(i32::MAX)
 }
 
 /// The valid tenant ids of a one-column result (a key written by hand that is not one is
