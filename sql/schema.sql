@@ -21,6 +21,7 @@
 --   V14__one_fence
 --   V15__placement
 --   V16__rebalancing
+--   V17__leaving
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -1209,18 +1210,11 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-DECLARE
-    v_role name;
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v16(p_app, p_operator);
-    FOREACH v_role IN ARRAY ARRAY[p_app, p_operator] LOOP
-        IF v_role IS NOT NULL THEN
-            EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.placement_members(integer),
-                                pgtenant.placement_moves(text, integer, boolean, integer),
-                                pgtenant.reserved_for(text, integer),
-                                pgtenant.orphaned_homes(text, integer) TO %I', v_role);
-        END IF;
-    END LOOP;
+    PERFORM pgtenant.grant_roles_before_v17(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.leave(text, bigint, text) TO %I', p_app);
+    END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
 
@@ -1342,6 +1336,26 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v16(name, name) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v17(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+DECLARE
+    v_role name;
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v16(p_app, p_operator);
+    FOREACH v_role IN ARRAY ARRAY[p_app, p_operator] LOOP
+        IF v_role IS NOT NULL THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.placement_members(integer),
+                                pgtenant.placement_moves(text, integer, boolean, integer),
+                                pgtenant.reserved_for(text, integer),
+                                pgtenant.orphaned_homes(text, integer) TO %I', v_role);
+        END IF;
+    END LOOP;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v17(name, name) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
  RETURNS interval
  LANGUAGE sql
@@ -1413,6 +1427,24 @@ AS $function$
 SELECT EXISTS (SELECT 1 FROM pgtenant.seals s WHERE s.replica_id = p_replica AND s.incarnation = p_incarnation)
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.is_sealed(text, bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.leave(p_replica text, p_incarnation bigint, p_secret text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
+        RETURN false;
+    END IF;
+    -- The registration of the next incarnation sets the weight again (register's p_weight).
+    UPDATE pgtenant.replicas SET weight = 0
+     WHERE replica_id = p_replica AND incarnation = p_incarnation AND released_at IS NULL;
+    RETURN FOUND;
+END $function$;
+COMMENT ON FUNCTION pgtenant.leave(text, bigint, text) IS 'A closing replica (this incarnation, proven by its secret) stops being the home of any tenant (weight 0), so the others stop moving tenants to it while it hands its own to their next homes. False when the incarnation is not the current one.';
+REVOKE EXECUTE ON FUNCTION pgtenant.leave(text, bigint, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.locate(p_key text)
  RETURNS TABLE(owner text, epoch bigint, address text, owner_alive boolean, reserved_for text, reserved_address text, home text, home_address text)
@@ -1488,6 +1520,13 @@ WITH members AS MATERIALIZED (
      WHERE (r.released_at IS NOT NULL OR r.expires_at <= now()
             OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
        AND t.schema_name IS NOT NULL
+    UNION
+    -- Free, reserved for a replica that is not a home (gone, expired, leaving): a handoff to
+    -- it that it will not pick up. Index tenants_reserved: the reserved tenants only.
+    SELECT t.key
+      FROM pgtenant.tenants t
+     WHERE t.owner IS NULL AND t.reserved_for IS NOT NULL AND t.schema_name IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM members m WHERE m.replica_id = t.reserved_for)
 ), homes AS (
     SELECT DISTINCT ON (o.key) o.key, m.replica_id AS home
       FROM orphans o CROSS JOIN members m
@@ -1495,7 +1534,7 @@ WITH members AS MATERIALIZED (
 )
 SELECT h.key FROM homes h WHERE h.home = p_replica ORDER BY h.key LIMIT p_limit
 $function$;
-COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS 'Tenants still held by an incarnation that is over (expired, deregistered or replaced) whose home among the live replicas is p_replica: what it takes over, and nobody else, after a crash. At most p_limit rows.';
+COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS 'Tenants whose home among the live replicas is p_replica and that nobody will serve unasked: held by an incarnation that is over (expired, deregistered or replaced), or free and reserved for a replica that is not a live home (gone or leaving). What p_replica takes over, and nobody else, after a crash or a close. At most p_limit rows.';
 REVOKE EXECUTE ON FUNCTION pgtenant.orphaned_homes(text, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.placement_members(p_stable_ms integer)

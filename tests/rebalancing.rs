@@ -233,6 +233,88 @@ async fn close_hands_each_tenant_to_its_next_home_which_serves_it_at_once() {
     c.close().await;
 }
 
+/// The number of live tenants reserved for `replica` and free, and of those whose home it is.
+async fn reserved_and_homed(client: &tokio_postgres::Client, replica: &str) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pgtenant.tenants
+                      WHERE owner IS NULL AND reserved_for = $1 AND schema_name IS NOT NULL),
+                    (SELECT count(*) FROM pgtenant.placement WHERE home = $1)",
+            &[&replica],
+        )
+        .await
+        .expect("reserved and homed");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn tenants_handed_to_a_replica_that_leaves_without_picking_them_up_are_taken_by_their_homes()
+{
+    let (db, client) = database().await;
+    let a = start(db.url(), "gone-a", STABLE).await;
+    let b = start(db.url(), "gone-b", STABLE).await;
+    let ids: Vec<TenantId> = (0..30).map(|i| tenant(&format!("gone-{i}"))).collect();
+    create_at(&a, &ids).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+
+    // A third replica registered by hand, alive (its liveness lock held) but opening nothing:
+    // once stable it is the home of about a third, which A and B hand to it, and which stay
+    // free, reserved for it.
+    let c = support::by_hand::connect(db.url()).await;
+    let (incarnation, secret) = support::by_hand::register_by_hand(&c, "gone-c").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (reserved, homed) = reserved_and_homed(&client, "gone-c").await;
+        if reserved > 0 && reserved == homed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{reserved} of {homed} tenants whose home is gone-c were handed to it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // It leaves, as a closing replica does first, and never picks them up: their homes among
+    // A and B take them, without a request (before control plane V17 they stayed free).
+    let left: bool = c
+        .query_one(
+            "SELECT pgtenant.leave($1, $2, $3)",
+            &[&"gone-c", &incarnation, &secret],
+        )
+        .await
+        .expect("leave")
+        .get(0);
+    assert!(left);
+    assert_eq!(
+        reserved_and_homed(&client, "gone-c").await.1,
+        0,
+        "no longer a home"
+    );
+    all_at_home(&client, Duration::from_secs(20)).await;
+    let held = owners(&client).await;
+    assert!(
+        held.values()
+            .all(|owner| matches!(owner.as_deref(), Some("gone-a" | "gone-b"))),
+        "{held:?}"
+    );
+    // A leave without the incarnation's secret is refused, and changes nothing.
+    let forged = c
+        .query_one(
+            "SELECT pgtenant.leave($1, $2, $3)",
+            &[&"gone-a", &1_i64, &"not the secret"],
+        )
+        .await
+        .expect_err("a forged leave is refused");
+    assert_eq!(support::by_hand::sqlstate(&forged), Some("PTA01"));
+    assert!(
+        reserved_and_homed(&client, "gone-a").await.1 > 0,
+        "gone-a is a home still"
+    );
+    a.close().await;
+    b.close().await;
+}
+
 #[tokio::test]
 async fn a_replica_of_weight_zero_hands_everything_to_the_others() {
     let (db, client) = database().await;

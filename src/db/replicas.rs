@@ -146,6 +146,32 @@ pub(crate) async fn deregister(
         .map_err(Error::db("deregister"))
 }
 
+/// `pgtenant.leave` (control plane V17): this incarnation stops being a home (weight 0), so
+/// the other replicas stop moving tenants to it while it closes. False when the incarnation is
+/// not the current one.
+pub(crate) async fn leave(
+    client: &Client,
+    replica: &ReplicaId,
+    incarnation: Incarnation,
+    secret: &str,
+) -> Result<bool> {
+    client
+        .query_typed(
+            "SELECT pgtenant.leave($1, $2, $3)",
+            &[
+                (replica, Type::TEXT),
+                (&incarnation.get(), Type::INT8),
+                (&secret, Type::TEXT),
+            ],
+        )
+        .await
+        .and_then(|rows| match rows.first() {
+            Some(row) => row.try_get(0),
+            None => Ok(false),
+        })
+        .map_err(Error::db("stop being a home"))
+}
+
 /// Frees the liveness lock now: a dropped connection frees it too, but only once the server
 /// has processed the disconnect. Best effort (the session ends next anyway).
 pub(crate) async fn advisory_unlock_all(client: &Client) {

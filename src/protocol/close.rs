@@ -61,6 +61,7 @@ pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
         .await;
     let queue: Vec<Arc<HeldLease>> = lock(&shared.handles).values().cloned().collect();
     let homes = if options.placement {
+        leave(shared).await;
         next_homes(shared, queue.len()).await
     } else {
         HashMap::new()
@@ -97,6 +98,31 @@ pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
     report
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// With placement on, this replica stops being a home before it hands its tenants off, so the
+/// others stop moving tenants to it meanwhile (at 10 000 tenants they moved 1 to 3 back to it
+/// before it deregistered, which it then refused to open). Best effort: a tenant handed to it
+/// all the same is taken by its home once it is gone (`pgtenant.orphaned_homes`).
+async fn leave(shared: &Replica) {
+    let left = async {
+        let credentials = shared.current_credentials()?;
+        let client = shared
+            .pool
+            .get()
+            .await
+            .map_err(crate::error::pool_error("stop being a home"))?;
+        crate::db::replicas::leave(
+            &client,
+            &credentials.replica,
+            credentials.incarnation,
+            credentials.secret(),
+        )
+        .await
+    };
+    if let Err(error) = left.await {
+        warn!(%error, "could not stop being a home before closing; handing off all the same");
+    }
 }
 
 /// With placement on, each tenant's next home: its home among the other live, stable replicas
