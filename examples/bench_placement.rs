@@ -61,6 +61,8 @@ const BASELINE: Duration = Duration::from_secs(4);
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// Any convergence longer than this is a failure of the run.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(120);
+/// A convergence this slow prints what is away from home (once), to say why.
+const SLOW_CONVERGENCE: Duration = Duration::from_secs(30);
 
 const MIGRATIONS: [(&str, &str); 1] = [(
     "V1__entries",
@@ -295,7 +297,13 @@ async fn converged(
     expected: &BTreeMap<String, usize>,
 ) -> Result<Instant, usize> {
     let limit = Instant::now() + CONVERGE_LIMIT;
+    let mut slow_at = Some(Instant::now() + SLOW_CONVERGENCE);
     loop {
+        if slow_at.is_some_and(|at| Instant::now() >= at) {
+            slow_at = None;
+            eprintln!("slow to converge ({SLOW_CONVERGENCE:?} so far):");
+            not_converged(fleet, admin, expected).await;
+        }
         let here = fleet.names();
         let local_done = here.iter().all(|name| {
             fleet
@@ -313,6 +321,7 @@ async fn converged(
             return Ok(Instant::now());
         }
         if Instant::now() >= limit {
+            eprintln!("gave up after {CONVERGE_LIMIT:?}:");
             return Err(not_converged(fleet, admin, expected).await);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -326,7 +335,7 @@ async fn not_converged(
     expected: &BTreeMap<String, usize>,
 ) -> usize {
     eprintln!(
-        "not converged within {CONVERGE_LIMIT:?}: expected {expected:?}, held (database) {:?}, open (routers) {:?}",
+        "not converged: expected {expected:?}, held (database) {:?}, open (routers) {:?}",
         held_counts(admin).await,
         local_counts(fleet)
     );

@@ -215,6 +215,17 @@ async fn close_hands_each_tenant_to_its_next_home_which_serves_it_at_once() {
     let mut events = a.subscribe();
     let report = a.close().await;
     assert_eq!(report.handed_off.len(), at_a.len(), "{report:?}");
+    // It stopped being a home before handing off (control plane V17), so nothing was moved
+    // back to it meanwhile.
+    let weight: f64 = client
+        .query_one(
+            "SELECT weight FROM pgtenant.replicas WHERE replica_id = 'next-a'",
+            &[],
+        )
+        .await
+        .expect("weight")
+        .get(0);
+    assert_eq!(weight, 0.0, "close left the placement first");
     let moves: HashMap<String, Option<String>> = handed_off(&mut events).into_iter().collect();
     for key in &at_a {
         assert_eq!(
@@ -313,6 +324,68 @@ async fn tenants_handed_to_a_replica_that_leaves_without_picking_them_up_are_tak
     );
     a.close().await;
     b.close().await;
+}
+
+#[tokio::test]
+async fn a_tenant_whose_handoff_target_dies_during_the_drain_comes_back_to_its_sender() {
+    let (db, client) = database().await;
+    let a = start(db.url(), "back-a", STABLE).await;
+    let id = tenant("back-0");
+    let handle = a.open_or_create(&id).await.expect("create");
+    // The target: registered by hand, alive while its session holds the liveness lock.
+    let c = support::by_hand::connect(db.url()).await;
+    let (incarnation, secret) = support::by_hand::register_by_hand(&c, "back-c").await;
+
+    // Work in flight keeps the handoff draining while the target goes away.
+    let mut connection = handle.connect().await.expect("a connection");
+    let busy = connection
+        .begin()
+        .await
+        .expect("a transaction counts as work");
+    let mut events = a.subscribe();
+    let to = pgtenant::ReplicaId::new("back-c").expect("replica id");
+    let handoff = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.handoff_to(&to).await }
+    });
+    loop {
+        match events.recv().await.expect("events") {
+            Event::Draining { tenant, .. } if tenant == id => break,
+            _ => {}
+        }
+    }
+    c.execute(
+        "SELECT pgtenant.deregister($1, $2, $3)",
+        &[&"back-c", &incarnation, &secret],
+    )
+    .await
+    .expect("the target deregisters");
+    drop(busy);
+    drop(connection);
+    handoff.await.expect("task").expect("the handoff ends");
+
+    // Reserved for its sender (placement on), which picks it up unasked; before, it was
+    // released for anyone and stayed free until a request came.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let owner: Option<String> = client
+            .query_one(
+                "SELECT owner FROM pgtenant.tenants WHERE key = $1",
+                &[&id.key()],
+            )
+            .await
+            .expect("owner")
+            .get(0);
+        if owner.as_deref() == Some("back-a") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tenant did not come back: owner {owner:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.close().await;
 }
 
 #[tokio::test]

@@ -155,21 +155,22 @@ pub(crate) async fn leave(
     incarnation: Incarnation,
     secret: &str,
 ) -> Result<bool> {
-    client
-        .query_typed(
-            "SELECT pgtenant.leave($1, $2, $3)",
-            &[
-                (replica, Type::TEXT),
-                (&incarnation.get(), Type::INT8),
-                (&secret, Type::TEXT),
-            ],
-        )
-        .await
-        .and_then(|rows| match rows.first() {
-            Some(row) => row.try_get(0),
-            None => Ok(false),
-        })
-        .map_err(Error::db("stop being a home"))
+    // A pooled data session: read-only by default (G6), hence `call`'s read-write transaction.
+    crate::db::call(
+        client,
+        "SELECT pgtenant.leave($1, $2, $3)",
+        &[
+            (replica, Type::TEXT),
+            (&incarnation.get(), Type::INT8),
+            (&secret, Type::TEXT),
+        ],
+    )
+    .await
+    .and_then(|rows| match rows.first() {
+        Some(row) => row.try_get(0),
+        None => Ok(false),
+    })
+    .map_err(Error::db("stop being a home"))
 }
 
 /// Frees the liveness lock now: a dropped connection frees it too, but only once the server

@@ -97,11 +97,27 @@ async fn released_by(
     {
         Err(Error::NoSuchReplica { replica_id, .. }) => {
             // The target died between the check before the drain and this release: the
-            // tenant is already drained, so it is released for anyone rather than kept.
-            warn!(tenant = %handle.id, to = %replica_id, "handoff target gone; released without a reservation");
+            // tenant is already drained, so it is released for anyone rather than kept. With
+            // placement on, it is reserved for this replica instead: picked up here again at
+            // once (or, when this replica is closing, by its home, `pgtenant.orphaned_homes`),
+            // where a release for anyone left it free until a request came (seen at 10 000
+            // tenants when a home restarted just as a tenant was being moved to it).
+            let fallback = replica.options.placement.then(|| {
+                (
+                    handle.credentials.replica.as_str(),
+                    replica.options.reservation,
+                )
+            });
+            warn!(tenant = %handle.id, to = %replica_id, back_here = fallback.is_some(), "handoff target gone; released without it");
             replica
                 .releases
-                .release(&handle.id, handle.epoch, &handle.credentials, event, None)
+                .release(
+                    &handle.id,
+                    handle.epoch,
+                    &handle.credentials,
+                    event,
+                    fallback,
+                )
                 .await?
         }
         released => released?,
