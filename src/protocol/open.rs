@@ -41,11 +41,14 @@ pub(crate) async fn open(
     id: &TenantId,
     create: bool,
 ) -> Result<Arc<HeldLease>> {
-    if shared.is_closed() {
-        return Err(Error::RouterClosed);
-    }
+    // A tenant still served here is served while the router closes, until its handoff drains
+    // it: a closing replica answers for what it holds (a rolling restart's requests for the
+    // last of 2 000 tenants in the close queue otherwise waited for the whole close).
     if let Some(found) = local(shared, id) {
         return found;
+    }
+    if shared.is_closed() {
+        return Err(Error::RouterClosed);
     }
     let timeout = shared.options.open_timeout;
     let started = Instant::now();
