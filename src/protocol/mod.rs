@@ -26,12 +26,14 @@
 //! | Acquire tenant | `acquire.rs` | tenant_migrations, abandon, release |
 //! | Forget (and restore) | `forget.rs` | tenant_migrations, acquire |
 //! | Open path | `open.rs` | acquire, abandon |
+//! | Alarms: scheduling inside the work, firing under the lease | `alarms.rs` | fenced_transaction, open |
 //! | Close | `close.rs` | handoff |
 //! | Idle release (placement) | `idle_release.rs` | handoff |
 //! | Placement: rebalancing | `rebalance.rs` | open, handoff |
 //! | `migrate_all` | `migrate_all.rs` | tenant_migrations, open, release |
 
 pub(crate) mod abandon;
+pub(crate) mod alarms;
 pub(crate) mod acquire;
 pub(crate) mod close;
 pub(crate) mod fenced_transaction;

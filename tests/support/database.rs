@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 16] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 17] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -100,6 +100,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 16] = [
     (
         "V16__rebalancing",
         include_str!("../../migrations/V16__rebalancing.sql"),
+    ),
+    (
+        "V17__alarms",
+        include_str!("../../migrations/V17__alarms.sql"),
     ),
 ];
 
