@@ -92,7 +92,10 @@ pub fn describe() {
         Unit::Count,
         "Releases per release transaction."
     );
-    metrics::describe_counter!(ALARMS_FIRED, "Alarms fired (their handler's transaction committed).");
+    metrics::describe_counter!(
+        ALARMS_FIRED,
+        "Alarms fired (their handler's transaction committed)."
+    );
     metrics::describe_counter!(
         ALARMS_FAILED,
         "Alarm attempts whose handler failed (outcome: retry or parked)."

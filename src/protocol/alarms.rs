@@ -254,7 +254,9 @@ impl Tx<'_, '_> {
         let payload = serde_json::to_string(payload).map_err(|error| {
             invalid(
                 "alarm payload",
-                format!("it does not serialize as JSON ({error}): check its Serialize implementation"),
+                format!(
+                    "it does not serialize as JSON ({error}): check its Serialize implementation"
+                ),
             )
         })?;
         if payload.len() > MAX_ALARM_PAYLOAD_LEN {
@@ -298,7 +300,11 @@ async fn prepare(tx: &Tx<'_, '_>) -> Result<()> {
             .map_err(Error::from)?;
         prepared.locked = true;
     }
-    if !prepared.table && !lease.alarms_table.load(std::sync::atomic::Ordering::Acquire) {
+    if !prepared.table
+        && !lease
+            .alarms_table
+            .load(std::sync::atomic::Ordering::Acquire)
+    {
         tx.batch_execute(CREATE_SQL).await?;
         prepared.table = true;
     }
@@ -360,7 +366,16 @@ pub(crate) async fn fire_alarms(replica: Weak<Replica>, mut shutdown: watch::Rec
 /// Reads the tenants due within the horizon that this replica should fire into its clock.
 async fn poll(replica: &Arc<Replica>) -> Result<()> {
     let doing = "read the tenants whose alarms are due";
-    let client = replica.pool.get().await.map_err(pool_error(doing))?;
+    // Bounded, so that a busy pool delays this read, not the firings the loop starts.
+    let bounded = deadpool_postgres::Timeouts {
+        wait: Some(POLL_EVERY / 2),
+        ..replica.pool.timeouts()
+    };
+    let client = replica
+        .pool
+        .timeout_get(&bounded)
+        .await
+        .map_err(pool_error(doing))?;
     let horizon = i32::try_from(HORIZON.as_millis()).unwrap_or(i32::MAX);
     let due = db::alarms::due_alarms(
         &client,
@@ -448,9 +463,7 @@ async fn fire_tenant(replica: Arc<Replica>, due: DueTenant, lanes: Arc<Semaphore
             Err(Firing::Failed(error)) => {
                 debug!(tenant = %handle.id, %error, "could not fire an alarm");
                 // A lease lost meanwhile: its next owner fires (or this replica, told so).
-                done.next = handle
-                    .is_serving()
-                    .then(|| SystemTime::now() + RETRY);
+                done.next = handle.is_serving().then(|| SystemTime::now() + RETRY);
                 return;
             }
         };
@@ -485,9 +498,7 @@ async fn fire_one(
             }
             match tx.execute(FIRED_SQL, &[&alarm.name, &alarm.id]).await {
                 Ok(_) => Ok(Some(alarm)),
-                Err(error)
-                    if error.sqlstate() == Some(crate::sqlstate::IN_FAILED_TRANSACTION) =>
-                {
+                Err(error) if error.sqlstate() == Some(crate::sqlstate::IN_FAILED_TRANSACTION) => {
                     Err(Firing::Handler {
                         alarm,
                         error: format!(

@@ -33,8 +33,8 @@
 //! | `migrate_all` | `migrate_all.rs` | tenant_migrations, open, release |
 
 pub(crate) mod abandon;
-pub(crate) mod alarms;
 pub(crate) mod acquire;
+pub(crate) mod alarms;
 pub(crate) mod close;
 pub(crate) mod fenced_transaction;
 pub(crate) mod forget;
