@@ -545,3 +545,45 @@ async fn a_stale_owners_firing_is_refused_by_the_database() {
     new.close().await;
     drop(old);
 }
+
+/// The application's role, granted by setup and nothing more (DESIGN G8), schedules, fires and
+/// wakes through the control plane's functions; the operator's role reads the view; neither
+/// writes the hint table.
+#[tokio::test]
+async fn the_app_role_schedules_and_fires_and_the_operator_reads_the_view() {
+    let (_db, _admin, app, operator) = support::granted().await;
+    let scheduler = Router::start(
+        options(app.url(), "alarm-app-a")
+            .tenant_migrations([EFFECTS])
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let id = tenant("granted");
+    let handle = scheduler.open_or_create(&id).await.unwrap();
+    schedule(&handle, "g", in_ms(200), serde_json::json!({})).await;
+    let operator_client = support::connect(operator.url()).await;
+    assert_eq!(view(&operator_client, id.key()).await, Some((1, 0)));
+    handle.handoff().await.unwrap();
+    let (waker, _calls) = alarm_router(app.url(), "alarm-app-b").await;
+    eventually(
+        Duration::from_secs(10),
+        "the app role's replica fired it",
+        || async {
+            match waker.handle_of(&id) {
+                Some(opened) => !effects(&opened, "g").await.is_empty(),
+                None => false,
+            }
+        },
+    )
+    .await;
+    assert_eq!(view(&operator_client, id.key()).await, None);
+    let app_client = support::connect(app.url()).await;
+    let refused = app_client
+        .execute("DELETE FROM pgtenant.alarm_due", &[])
+        .await
+        .expect_err("the hint table is not the app role's to write");
+    assert_eq!(support::sqlstate(&refused), Some("42501"));
+    waker.close().await;
+    scheduler.close().await;
+}
