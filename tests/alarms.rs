@@ -35,6 +35,9 @@ fn alarm_options(url: &str, replica: &'static str, calls: Arc<AtomicUsize>) -> R
             Box::pin(async move {
                 calls.fetch_add(1, Ordering::SeqCst);
                 let payload: serde_json::Value = alarm.payload()?;
+                if payload["panic"].as_bool() == Some(true) {
+                    panic!("planned panic at attempt {}", alarm.attempt);
+                }
                 let fail = payload["fail"].as_u64().unwrap_or(0);
                 if u64::from(alarm.attempt) <= fail {
                     return Err(format!("planned failure at attempt {}", alarm.attempt).into());
@@ -398,13 +401,40 @@ async fn a_failing_handler_is_retried_with_backoff_then_parked() {
         effects(&handle, "broken").await.is_empty(),
         "nothing committed"
     );
+    // A handler that panics fails its attempts the same way, and the firing task lives on.
+    schedule(
+        &handle,
+        "panics",
+        in_ms(0),
+        serde_json::json!({"panic": true}),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the panicking alarm is parked",
+        || async { view(&client, id.key()).await == Some((0, 2)) },
+    )
+    .await;
+    schedule(&handle, "after-panics", in_ms(0), serde_json::json!({})).await;
+    eventually(
+        Duration::from_secs(10),
+        "alarms fire after a panic",
+        || async { !effects(&handle, "after-panics").await.is_empty() },
+    )
+    .await;
     // Parked: not tried again.
     let tried = calls.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(calls.load(Ordering::SeqCst), tried);
     // Cancelling a parked alarm clears the view.
     let cancelled = handle
-        .run(|tx| Box::pin(async move { tx.cancel_alarm("broken").await }))
+        .run(|tx| {
+            Box::pin(async move {
+                let broken = tx.cancel_alarm("broken").await?;
+                let panics = tx.cancel_alarm("panics").await?;
+                Ok::<_, Error>(broken && panics)
+            })
+        })
         .await
         .unwrap();
     assert!(cancelled);

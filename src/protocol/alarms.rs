@@ -490,7 +490,7 @@ async fn fire_one(
                 return Ok(None);
             };
             let alarm = alarm_of(tenant, &row)?;
-            if let Err(error) = handler(tx, alarm.clone()).await {
+            if let Err(error) = (Caught(handler(tx, alarm.clone()))).await {
                 return Err(Firing::Handler {
                     alarm,
                     error: error.to_string(),
@@ -528,6 +528,32 @@ async fn fire_one(
         });
     }
     Ok((fired.is_some(), next))
+}
+
+/// A handler's future whose panic is its error: the firing rolls back and counts the attempt
+/// (a handler that always panics is parked, not retried forever), and the firing task lives on.
+struct Caught<'t>(BoxFuture<'t, std::result::Result<(), AlarmError>>);
+
+impl std::future::Future for Caught<'_> {
+    type Output = std::result::Result<(), AlarmError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let future = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(polled) => polled,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|text| (*text).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".to_owned());
+                std::task::Poll::Ready(Err(format!("the handler panicked: {message}").into()))
+            }
+        }
+    }
 }
 
 /// The alarm in a row of [`DUE_SQL`].
