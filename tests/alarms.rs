@@ -649,3 +649,37 @@ async fn a_handler_that_schedules_its_alarm_again_makes_it_recur() {
     assert_eq!(pending(&handle).await, 0);
     router.close().await;
 }
+
+/// Alarms move with the tenant: handed to another replica, they fire there (woken by its read
+/// of the due tenants: the tenant is reserved for it), once, and never at the old owner.
+#[tokio::test]
+async fn alarms_move_with_a_handoff() {
+    let (db, _client) = database().await;
+    let (from, from_calls) = alarm_router(db.url(), "alarm-from").await;
+    let (to, _to_calls) = alarm_router(db.url(), "alarm-to").await;
+    let id = tenant("moved");
+    let handle = from.open_or_create(&id).await.unwrap();
+    schedule(&handle, "m", in_ms(800), serde_json::json!({})).await;
+    handle
+        .handoff_to(&support::replica("alarm-to"))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the new owner fired it",
+        || async {
+            match to.handle_of(&id) {
+                Some(opened) => !effects(&opened, "m").await.is_empty(),
+                None => false,
+            }
+        },
+    )
+    .await;
+    let opened = to.handle_of(&id).unwrap();
+    let rows = effects(&opened, "m").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].2, "alarm-to");
+    assert_eq!(from_calls.load(Ordering::SeqCst), 0);
+    to.close().await;
+    from.close().await;
+}
