@@ -22,6 +22,7 @@
 --   V15__placement
 --   V16__rebalancing
 --   V17__leaving
+--   V18__alarms
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -35,6 +36,17 @@ CREATE SEQUENCE pgtenant.history_id_seq AS bigint START WITH 1 INCREMENT BY 1 MI
 CREATE SEQUENCE pgtenant.replicas_lock_key_seq AS integer START WITH 1 INCREMENT BY 1 MINVALUE 1 MAXVALUE 2147483647 CACHE 1 NO CYCLE OWNED BY pgtenant.replicas.lock_key;
 
 CREATE SEQUENCE pgtenant.tenants_lock_key_seq AS integer START WITH 1 INCREMENT BY 1 MINVALUE 1 MAXVALUE 2147483647 CACHE 1 NO CYCLE OWNED BY pgtenant.tenants.lock_key;
+
+CREATE TABLE pgtenant.alarm_due (
+    tenant_key text NOT NULL,
+    next_due timestamp with time zone,
+    pending integer DEFAULT 0 NOT NULL,
+    failed integer DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT alarm_due_pkey PRIMARY KEY (tenant_key)
+);
+CREATE INDEX alarm_due_next ON pgtenant.alarm_due USING btree (next_due) WHERE (next_due IS NOT NULL);
+COMMENT ON TABLE pgtenant.alarm_due IS 'Per tenant with alarms: when its next pending alarm is due, how many are pending and how many failed (parked). A hint kept by pgtenant in the transactions that change the tenant''s alarms (its own table pgtenant_alarms holds the truth); read by due_alarms to wake tenants no replica holds.';
 
 CREATE TABLE pgtenant.config (
     singleton boolean DEFAULT true NOT NULL,
@@ -186,6 +198,17 @@ CREATE TABLE pgtenant.trash (
 CREATE INDEX trash_tenant ON pgtenant.trash USING btree (tenant_key);
 CREATE INDEX trash_unswept ON pgtenant.trash USING btree (trashed_at) WHERE (swept_at IS NULL);
 COMMENT ON COLUMN pgtenant.trash.sweep_started_at IS 'When the sweep began dropping this schema''s objects (set in the transaction of its first drop): restore refuses the row from then on.';
+
+CREATE VIEW pgtenant.alarms AS
+ SELECT a.tenant_key AS tenant,
+    t.owner,
+    a.next_due,
+    a.pending,
+    a.failed,
+    a.updated_at
+   FROM pgtenant.alarm_due a
+     LEFT JOIN pgtenant.tenants t ON t.key = a.tenant_key;
+COMMENT ON VIEW pgtenant.alarms IS 'Per tenant with alarms: its owner, when its next pending alarm is due, how many are pending and how many failed (parked after their last attempt). The alarms themselves are in the tenant''s schema, table pgtenant_alarms.';
 
 CREATE VIEW pgtenant.fleet_status AS
  SELECT fleet_status_rows.tenants,
@@ -900,6 +923,36 @@ SELECT d.name
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.derived_schema_names(text, bigint) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.due_alarms(p_replica text, p_horizon_ms integer, p_limit integer, p_placement boolean)
+ RETURNS TABLE(tenant text, next_due timestamp with time zone)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+SELECT a.tenant_key, a.next_due
+  FROM pgtenant.alarm_due a
+  JOIN pgtenant.tenants t ON t.key = a.tenant_key
+  LEFT JOIN pgtenant.replicas r ON r.replica_id = t.owner
+ WHERE a.next_due <= now() + p_horizon_ms * interval '1 millisecond'
+   AND t.schema_name IS NOT NULL
+   AND (
+        -- held here (in this incarnation or an earlier one of the same replica id)
+        t.owner = p_replica
+        -- free, and not reserved for another replica
+        OR (t.owner IS NULL
+            AND (t.reserved_for IS NULL OR t.reserved_for = p_replica OR t.reserved_until <= now())
+            AND (NOT p_placement OR pgtenant.home(t.key) = p_replica))
+        -- held by an incarnation that is over: expired, deregistered or replaced
+        OR (t.owner IS NOT NULL
+            AND (r.replica_id IS NULL OR r.released_at IS NOT NULL OR r.expires_at <= now()
+                 OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
+            AND (NOT p_placement OR pgtenant.home(t.key) = p_replica)))
+ ORDER BY a.next_due
+ LIMIT p_limit
+$function$;
+COMMENT ON FUNCTION pgtenant.due_alarms(text, integer, integer, boolean) IS 'Tenants with an alarm due within p_horizon_ms that replica p_replica should fire: those it holds, and those free or held by an incarnation that is over (with p_placement, only those whose home it is). Earliest first, at most p_limit rows (index alarm_due_next).';
+REVOKE EXECUTE ON FUNCTION pgtenant.due_alarms(text, integer, integer, boolean) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.end_fence_holders(p_lock integer, p_timeout_ms bigint)
  RETURNS text
  LANGUAGE plpgsql
@@ -1211,9 +1264,16 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v17(p_app, p_operator);
+    PERFORM pgtenant.grant_roles_before_v18(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.leave(text, bigint, text) TO %I', p_app);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+                            pgtenant.note_alarms(text, timestamptz, integer, integer),
+                            pgtenant.due_alarms(text, integer, integer, boolean)
+                        TO %I', p_app);
+        EXECUTE format('GRANT SELECT ON pgtenant.alarms TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.alarms TO %I', p_operator);
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
@@ -1356,6 +1416,19 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v17(name, name) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v18(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v17(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.leave(text, bigint, text) TO %I', p_app);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v18(name, name) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
  RETURNS interval
  LANGUAGE sql
@@ -1490,6 +1563,30 @@ CREATE OR REPLACE FUNCTION pgtenant.next_epoch(p_current bigint)
 AS $function$
     SELECT GREATEST(p_current OPERATOR(pg_catalog.+) 1, pgtenant.epoch_floor())
 $function$;
+
+CREATE OR REPLACE FUNCTION pgtenant.note_alarms(p_key text, p_next_due timestamp with time zone, p_pending integer, p_failed integer)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    IF coalesce(p_pending, 0) <= 0 AND coalesce(p_failed, 0) <= 0 THEN
+        DELETE FROM pgtenant.alarm_due WHERE tenant_key = p_key;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.tenants t WHERE t.key = p_key) THEN
+        RAISE EXCEPTION 'pgtenant: no tenant %', p_key USING ERRCODE = 'PTN01';
+    END IF;
+    INSERT INTO pgtenant.alarm_due AS a (tenant_key, next_due, pending, failed, updated_at)
+    VALUES (p_key, p_next_due, greatest(coalesce(p_pending, 0), 0),
+            greatest(coalesce(p_failed, 0), 0), now())
+    ON CONFLICT (tenant_key) DO UPDATE
+       SET next_due = EXCLUDED.next_due, pending = EXCLUDED.pending, failed = EXCLUDED.failed,
+           updated_at = EXCLUDED.updated_at;
+END $function$;
+COMMENT ON FUNCTION pgtenant.note_alarms(text, timestamp with time zone, integer, integer) IS 'Records tenant p_key''s alarm hint (next due, pending, failed), or deletes it when nothing is pending or failed. Called by pgtenant inside the fenced transaction that changed the tenant''s alarms.';
+REVOKE EXECUTE ON FUNCTION pgtenant.note_alarms(text, timestamp with time zone, integer, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.notify_reserved()
  RETURNS trigger

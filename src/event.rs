@@ -176,4 +176,38 @@ pub enum Event {
         /// What failed.
         cause: String,
     },
+    /// A tenant's alarm fired: its handler's transaction committed, and removed the alarm
+    /// (the handler may have scheduled it again).
+    AlarmFired {
+        /// The tenant.
+        tenant: TenantId,
+        /// The epoch it fired under.
+        epoch: Epoch,
+        /// The alarm's name.
+        name: String,
+        /// The alarm's id ([`Alarm::id`](crate::Alarm::id)).
+        id: i64,
+        /// Which attempt committed, from 1.
+        attempt: u32,
+        /// Milliseconds from its due time to the commit, by this replica's clock.
+        late_ms: u64,
+    },
+    /// A tenant's alarm handler returned an error: the firing rolled back; the alarm is retried
+    /// after a backoff, or parked as failed after the last attempt.
+    AlarmFailed {
+        /// The tenant.
+        tenant: TenantId,
+        /// The epoch it was tried under.
+        epoch: Epoch,
+        /// The alarm's name.
+        name: String,
+        /// The alarm's id.
+        id: i64,
+        /// Which attempt failed, from 1.
+        attempt: u32,
+        /// The handler's error.
+        error: String,
+        /// Whether that was the last attempt: the alarm is parked (`failed_at` set).
+        parked: bool,
+    },
 }

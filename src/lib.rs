@@ -94,6 +94,7 @@ pub use protocol::fenced_transaction::{TenantConnection, TenantTransaction, Tx};
 pub use id::{IdPart, IdRule, InvalidTenantId, TenantId};
 pub use lease::{Epoch, HandleState, Incarnation, TenantState};
 pub use options::{Fencing, HandoffPolicy, RouterOptions};
+pub use protocol::alarms::{Alarm, AlarmError, MAX_ALARM_NAME_LEN, MAX_ALARM_PAYLOAD_LEN};
 pub use protocol::tenant_migrations::{MigrationOutcome, TenantMigration};
 pub use replica_id::{InvalidReplicaId, ReplicaId};
 pub use router::{CloseReport, Location, Route, Router, Summary, TenantStatus};

@@ -49,6 +49,13 @@ pub const PLACEMENT_MOVES: &str = "pgtenant_placement_moves_total";
 /// left by a dead incarnation).
 pub const PLACEMENT_PICKUPS: &str = "pgtenant_placement_pickups_total";
 
+/// Counter: alarms fired (their handler's transaction committed).
+pub const ALARMS_FIRED: &str = "pgtenant_alarms_fired_total";
+/// Counter: alarm attempts whose handler failed (label `outcome`: `retry`, `parked`).
+pub const ALARMS_FAILED: &str = "pgtenant_alarms_failed_total";
+/// Histogram (seconds): from an alarm's due time to its firing's commit.
+pub const ALARM_LATENESS_SECONDS: &str = "pgtenant_alarm_lateness_seconds";
+
 /// Registers every metric's unit and help text with the installed recorder.
 pub fn describe() {
     metrics::describe_gauge!(LEASES_HELD, "Tenants this replica serves or drains.");
@@ -84,6 +91,19 @@ pub fn describe() {
         RELEASES_BATCHED,
         Unit::Count,
         "Releases per release transaction."
+    );
+    metrics::describe_counter!(
+        ALARMS_FIRED,
+        "Alarms fired (their handler's transaction committed)."
+    );
+    metrics::describe_counter!(
+        ALARMS_FAILED,
+        "Alarm attempts whose handler failed (outcome: retry or parked)."
+    );
+    metrics::describe_histogram!(
+        ALARM_LATENESS_SECONDS,
+        Unit::Seconds,
+        "From an alarm's due time to its firing's commit."
     );
     metrics::describe_counter!(
         PLACEMENT_MOVES,
@@ -135,6 +155,16 @@ pub(crate) fn releases_batched(size: usize) {
 
 pub(crate) fn placement_move() {
     metrics::counter!(PLACEMENT_MOVES).increment(1);
+}
+
+pub(crate) fn alarm_fired(late: Duration) {
+    metrics::counter!(ALARMS_FIRED).increment(1);
+    metrics::histogram!(ALARM_LATENESS_SECONDS).record(late.as_secs_f64());
+}
+
+pub(crate) fn alarm_failed(parked: bool) {
+    let outcome = if parked { "parked" } else { "retry" };
+    metrics::counter!(ALARMS_FAILED, "outcome" => outcome).increment(1);
 }
 
 pub(crate) fn placement_pickup() {

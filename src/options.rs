@@ -58,6 +58,29 @@ pub struct RouterOptions {
     pub(crate) connect_timeout: Option<Duration>,
     pub(crate) renewal_events: bool,
     pub(crate) distributed_schemas: Option<bool>,
+    pub(crate) alarms: AlarmSettings,
+}
+
+/// Alarm settings (DESIGN §5 "Alarms"). The handler is set by
+/// [`RouterOptions::alarm_handler`] (in `protocol/alarms.rs`) and kept type-erased here: its
+/// type names the fenced transaction's `Tx`, a protocol's type, which the options, below the
+/// protocols, cannot name.
+#[derive(Clone)]
+pub(crate) struct AlarmSettings {
+    pub(crate) handler: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
+    pub(crate) max_attempts: u32,
+    /// The first retry's delay, and the longest (each retry doubles it).
+    pub(crate) backoff: (Duration, Duration),
+}
+
+impl Default for AlarmSettings {
+    fn default() -> Self {
+        AlarmSettings {
+            handler: None,
+            max_attempts: 5,
+            backoff: (Duration::from_secs(1), Duration::from_secs(300)),
+        }
+    }
 }
 
 /// What the owner does when another replica asks for one of its tenants with
@@ -159,6 +182,7 @@ impl RouterOptions {
             connect_timeout: None,
             renewal_events: false,
             distributed_schemas: None,
+            alarms: AlarmSettings::default(),
         }
     }
 
@@ -573,6 +597,24 @@ impl RouterOptions {
         self
     }
 
+    /// How many times an alarm's handler is tried before the alarm is parked as failed
+    /// (visible in `pgtenant.alarms` and in the tenant's `pgtenant_alarms`). Range 1..=1000;
+    /// default 5.
+    #[must_use]
+    pub fn alarm_max_attempts(mut self, attempts: u32) -> Self {
+        self.alarms.max_attempts = attempts;
+        self
+    }
+
+    /// How long a failed alarm waits before its next attempt: `first`, doubling at each
+    /// attempt, at most `max`. Ranges 1 ms..=1 h and `first`..=1 day; default 1 s doubling to
+    /// 5 min.
+    #[must_use]
+    pub fn alarm_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.alarms.backoff = (first, max);
+        self
+    }
+
     pub(crate) fn effective_margin(&self) -> Duration {
         self.margin.unwrap_or(self.ttl / 5)
     }
@@ -716,6 +758,19 @@ impl RouterOptions {
             from_url,
         )?;
         count_in_range("max_open_tenants", self.max_open_tenants, 1..=10_000_000)?;
+        count_in_range(
+            "alarm_max_attempts",
+            usize::try_from(self.alarms.max_attempts).unwrap_or(usize::MAX),
+            1..=1000,
+        )?;
+        let (first, max) = self.alarms.backoff;
+        in_range("alarm_backoff", first, MS..=HOUR, " (first delay)")?;
+        in_range(
+            "alarm_backoff",
+            max,
+            first..=Duration::from_secs(24 * 3600),
+            " (longest delay: at least the first, at most a day)",
+        )?;
         count_in_range("close_concurrency", self.close_concurrency, 1..=1024)?;
         // After the connection string's own checks, which name a socket value no socket takes.
         self.validate_config()?;

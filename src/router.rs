@@ -229,6 +229,12 @@ impl Router {
                 shared.notices.subscribe(),
             ));
         }
+        if shared.options.alarms.handler.is_some() {
+            tokio::spawn(crate::protocol::alarms::fire_alarms(
+                Arc::downgrade(&shared),
+                shutdown_rx.clone(),
+            ));
+        }
         let maintenance =
             tokio::spawn(maintain(shared.clone(), session, shutdown_rx).instrument(span));
         Ok(Router {

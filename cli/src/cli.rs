@@ -69,6 +69,8 @@ pub(crate) enum Command {
     Show(Show),
     /// Trashed schemas (forgotten tenants' data, restorable until swept)
     Trash(Trash),
+    /// Tenants with alarms: owner, next due, pending and failed, from the view pgtenant.alarms
+    Alarms(Alarms),
     /// Drop trashed schemas past retention, and schemas of forgotten epochs
     Sweep(Sweep),
     /// Bring every tenant up to a directory of SQL migrations (V<n>__name.sql)
@@ -161,6 +163,17 @@ pub(crate) struct Show {
 
 #[derive(Debug, Args)]
 pub(crate) struct Trash {
+    #[command(flatten)]
+    pub output: Json,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "The alarms themselves are in each tenant's schema, table pgtenant_alarms \
+    (name, due_at, payload, attempts, last_error, failed_at): SELECT * FROM \
+    <schema>.pgtenant_alarms, the schema from `pgtenant show ORG/LEDGER`."
+)]
+pub(crate) struct Alarms {
     #[command(flatten)]
     pub output: Json,
 }

@@ -30,6 +30,7 @@ async fn main() -> ExitCode {
         Command::Tenants(args) => commands::tenants::run(connection, args).await,
         Command::Show(args) => commands::show::run(connection, args).await,
         Command::Trash(args) => commands::trash::run(connection, args).await,
+        Command::Alarms(args) => commands::alarms::run(connection, args).await,
         Command::Sweep(args) => commands::sweep::run(connection, args).await,
         Command::Migrate(args) => commands::migrate::run(connection, args).await,
         Command::Clear(args) => commands::clear::run(connection, args).await,

@@ -32,7 +32,7 @@ fn version_and_help() {
     let help = pgtenant(&["--help"]);
     assert!(help.status.success(), "{}", text(&help));
     for command in [
-        "setup", "status", "tenants", "show", "trash", "sweep", "migrate", "clear",
+        "setup", "status", "tenants", "show", "trash", "sweep", "migrate", "clear", "alarms",
     ] {
         assert!(text(&help).contains(command), "{command}: {}", text(&help));
     }

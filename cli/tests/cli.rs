@@ -267,3 +267,46 @@ async fn status_points_an_outdated_control_plane_to_setup() {
         text(&upgrade)
     );
 }
+
+/// `pgtenant alarms`: the tenants with alarms, from `pgtenant.alarms`.
+#[tokio::test]
+async fn alarms_lists_the_tenants_with_alarms() {
+    let db = TestDatabase::create().await.expect("test database");
+    let url = db.url();
+    let setup = pgtenant(&["setup", "--database-url", url]);
+    assert!(setup.status.success(), "{}", text(&setup));
+    let empty = pgtenant(&["alarms", "--json", "--database-url", url]);
+    assert!(empty.status.success(), "{}", text(&empty));
+    assert_eq!(String::from_utf8_lossy(&empty.stdout).trim(), "[]");
+
+    let options = pgtenant::RouterOptions::from_url("alarm-maker", url).unwrap();
+    let router = pgtenant::Router::start(options).await.unwrap();
+    let id = pgtenant::TenantId::new("acme", "reminders").unwrap();
+    let handle = router.open_or_create(&id).await.unwrap();
+    let due = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.schedule_alarm("close-period", due, &"2026-12").await?;
+                tx.schedule_alarm("remind", due, &()).await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+        .unwrap();
+
+    let listed = pgtenant(&["alarms", "--json", "--database-url", url]);
+    assert!(listed.status.success(), "{}", text(&listed));
+    let value: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(value[0]["tenant"], "acme/reminders");
+    assert_eq!(value[0]["owner"], "alarm-maker");
+    assert_eq!(value[0]["pending"], 2);
+    assert_eq!(value[0]["failed"], 0);
+    assert!(value[0]["next_due"].is_string(), "{value}");
+    let table = text(&pgtenant(&["alarms", "--database-url", url]));
+    assert!(
+        table.contains("acme/reminders") && table.contains("alarm-maker"),
+        "{table}"
+    );
+    router.close().await;
+}

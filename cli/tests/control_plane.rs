@@ -24,6 +24,7 @@ async fn without_a_control_plane_every_command_says_run_setup() {
         &["status", "--json"],
         &["tenants"],
         &["trash"],
+        &["alarms"],
         &["sweep"],
         &["show", "acme/books"],
         &["clear", "acme/books"],

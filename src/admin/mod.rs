@@ -198,6 +198,41 @@ pub async fn list_trash(client: &impl GenericClient) -> Result<Vec<TrashRecord>>
         .collect())
 }
 
+/// A tenant with alarms, as `pgtenant.alarms` shows it (DESIGN §5 "Alarms").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct TenantAlarms {
+    /// The tenant's key.
+    pub tenant: String,
+    /// Its owner, if a replica holds it.
+    pub owner: Option<String>,
+    /// When its next pending alarm is due (UTC, RFC 3339).
+    pub next_due: Option<String>,
+    /// Alarms waiting to fire.
+    pub pending: i32,
+    /// Alarms parked after their last failed attempt.
+    pub failed: i32,
+    /// When its alarms last changed (UTC, RFC 3339).
+    pub updated_at: String,
+}
+
+/// Every tenant with alarms, the next due first (control plane 17 on): one read of the view
+/// `pgtenant.alarms`. The alarms themselves are in each tenant's schema (`pgtenant_alarms`).
+pub async fn list_alarms(client: &impl GenericClient) -> Result<Vec<TenantAlarms>> {
+    Ok(db::admin::alarms(client)
+        .await?
+        .into_iter()
+        .map(|row| TenantAlarms {
+            tenant: row.tenant,
+            owner: row.owner,
+            next_due: row.next_due,
+            pending: row.pending,
+            failed: row.failed,
+            updated_at: row.updated_at,
+        })
+        .collect())
+}
+
 /// Clears a tenant's quarantine (recording `by` in the journal) so it can be opened again;
 /// false when it was not quarantined. Do it after the repair the quarantine names.
 pub async fn clear_quarantine(

@@ -257,6 +257,43 @@ pub(crate) async fn trash(client: &impl GenericClient) -> Result<Vec<TrashRow>> 
         .collect())
 }
 
+/// One row of `pgtenant.alarms` (control plane 17 on), timestamps as RFC 3339 in UTC.
+pub(crate) struct AlarmRow {
+    pub(crate) tenant: String,
+    pub(crate) owner: Option<String>,
+    pub(crate) next_due: Option<String>,
+    pub(crate) pending: i32,
+    pub(crate) failed: i32,
+    pub(crate) updated_at: String,
+}
+
+/// Every tenant with alarms (`pgtenant.alarms`), the next due first, then those with only
+/// failed ones.
+pub(crate) async fn alarms(client: &impl GenericClient) -> Result<Vec<AlarmRow>> {
+    let rows = client
+        .query(
+            "SELECT a.tenant, a.owner,
+                    to_char(a.next_due AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                    a.pending, a.failed,
+                    to_char(a.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+               FROM pgtenant.alarms a ORDER BY a.next_due NULLS LAST, a.tenant",
+            &[],
+        )
+        .await
+        .map_err(Error::db("list the tenants' alarms"))?;
+    Ok(rows
+        .iter()
+        .map(|row| AlarmRow {
+            tenant: row.get(0),
+            owner: row.get(1),
+            next_due: row.get(2),
+            pending: row.get(3),
+            failed: row.get(4),
+            updated_at: row.get(5),
+        })
+        .collect())
+}
+
 /// `pgtenant.clear_quarantine`, recording `by` in the journal: false when the tenant was not
 /// quarantined.
 pub(crate) async fn clear_quarantine(

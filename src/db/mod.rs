@@ -11,6 +11,7 @@
 //! * `replicas.rs`: register, deregister, heartbeat, liveness, lock keys.
 //! * `placement.rs`: placement's members, moves and reservations (rebalancing, close).
 //! * `sweep.rs`: the trash, the sweep's records, pruning.
+//! * `alarms.rs`: the alarm hint, its lock, and the tenants due (alarms).
 //! * `admin.rs`: the operators' reads and calls.
 //! * `citus.rs`: whether the database has Citus, and what stays local to its coordinator.
 //! * `setup.rs`: the setup lock, grants, the control plane's version.
@@ -23,6 +24,7 @@
 //! one round trip, as the bare call took before.
 
 pub(crate) mod admin;
+pub(crate) mod alarms;
 pub(crate) mod citus;
 pub(crate) mod fence;
 pub(crate) mod leases;

@@ -26,6 +26,7 @@
 //! | Acquire tenant | `acquire.rs` | tenant_migrations, abandon, release |
 //! | Forget (and restore) | `forget.rs` | tenant_migrations, acquire |
 //! | Open path | `open.rs` | acquire, abandon |
+//! | Alarms: scheduling inside the work, firing under the lease | `alarms.rs` | fenced_transaction, open |
 //! | Close | `close.rs` | handoff |
 //! | Idle release (placement) | `idle_release.rs` | handoff |
 //! | Placement: rebalancing | `rebalance.rs` | open, handoff |
@@ -33,6 +34,7 @@
 
 pub(crate) mod abandon;
 pub(crate) mod acquire;
+pub(crate) mod alarms;
 pub(crate) mod close;
 pub(crate) mod fenced_transaction;
 pub(crate) mod forget;

@@ -10,8 +10,10 @@
 //! * `data_sessions.rs`: what the data path knows of each pooled connection.
 //! * `affinity.rs`: connections parked for the tenant they last served.
 //! * `releases.rs`: the release queue (its batcher is `protocol/release.rs`).
+//! * `alarms.rs`: each tenant's next alarm, the firing task's clock (`protocol/alarms.rs`).
 
 pub(crate) mod affinity;
+pub(crate) mod alarms;
 pub(crate) mod bindings;
 pub(crate) mod data_sessions;
 pub(crate) mod lifecycle;

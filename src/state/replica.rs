@@ -25,6 +25,7 @@ use crate::lease::{Epoch, HandleState};
 use crate::options::RouterOptions;
 use crate::schema_version::SchemaVersion;
 use crate::state::affinity::Parking;
+use crate::state::alarms::AlarmClock;
 use crate::state::bindings::{Bindings, Mode};
 use crate::state::data_sessions::DataSessions;
 use crate::state::lifecycle::{self, NotAdmitted, Step};
@@ -76,6 +77,8 @@ pub(crate) struct Replica {
     pub(crate) parking: Parking,
     /// Citus or not, and where new tenant schemas go (see `citus.rs`).
     pub(crate) placement: Placement,
+    /// Each tenant's next alarm as this replica knows it (`alarms.rs`).
+    pub(crate) alarms: AlarmClock,
 }
 
 pub(crate) struct RegistrationFailure {
@@ -117,6 +120,7 @@ impl Replica {
             data_sessions: DataSessions::default(),
             parking,
             placement: Placement::default(),
+            alarms: AlarmClock::default(),
         }
     }
 
@@ -333,6 +337,8 @@ pub(crate) struct HeldLease {
     pub(crate) requests_table: AtomicBool,
     /// When this handle last deleted expired idempotent requests (ms on a process clock).
     pub(crate) requests_pruned_at: AtomicU64,
+    /// Whether this tenure saw the tenant's alarm table committed (`pgtenant_alarms`).
+    pub(crate) alarms_table: AtomicBool,
     /// When work last ended here, or the tenure began (`stall::now_ms`): idle release's clock.
     last_work_ms: AtomicU64,
     pub(crate) replica: Arc<Replica>,
@@ -381,6 +387,7 @@ impl HeldLease {
             next_work: AtomicU64::new(0),
             requests_table: AtomicBool::new(false),
             requests_pruned_at: AtomicU64::new(0),
+            alarms_table: AtomicBool::new(false),
             last_work_ms: AtomicU64::new(crate::stall::now_ms()),
             replica,
         }

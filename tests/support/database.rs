@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 17] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 18] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -104,6 +104,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 17] = [
     (
         "V17__leaving",
         include_str!("../../migrations/V17__leaving.sql"),
+    ),
+    (
+        "V18__alarms",
+        include_str!("../../migrations/V18__alarms.sql"),
     ),
 ];
 

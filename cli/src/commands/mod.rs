@@ -2,6 +2,7 @@
 //! reads the database through the library (or the control plane's views), and prints through
 //! [`crate::output`]. Here: what they share (the connection, the control-plane check).
 
+pub(crate) mod alarms;
 pub(crate) mod clear;
 pub(crate) mod migrate;
 pub(crate) mod setup;

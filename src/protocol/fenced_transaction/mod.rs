@@ -35,6 +35,7 @@ use crate::error::pool_error;
 use crate::error::{Error, Result};
 use crate::protocol::fenced_transaction::settle::{SessionState, WorkSession};
 use crate::sqlstate;
+use crate::state::alarms::TxAlarms;
 use crate::state::replica::{CancelOnForget, HeldLease, Replica};
 use crate::sync::BoxFuture;
 
@@ -47,6 +48,9 @@ pub(crate) mod settle;
 #[derive(Clone, Copy)]
 pub struct Tx<'t, 'a> {
     transaction: &'t Transaction<'t>,
+    lease: &'t Arc<HeldLease>,
+    /// What this transaction did to the tenant's alarms (`protocol/alarms.rs`).
+    alarms: &'t TxAlarms,
     // Implies 'a: 't for every 't the work is called with, so the work may capture borrows
     // that live as long as the call to `run`, not 'static ones only.
     _borrows: PhantomData<&'t &'a ()>,
@@ -57,6 +61,18 @@ impl<'t> Deref for Tx<'t, '_> {
 
     fn deref(&self) -> &Transaction<'t> {
         self.transaction
+    }
+}
+
+impl<'t> Tx<'t, '_> {
+    /// The lease this transaction runs under.
+    pub(crate) fn lease(&self) -> &'t Arc<HeldLease> {
+        self.lease
+    }
+
+    /// What this transaction did to the tenant's alarms.
+    pub(crate) fn alarm_notes(&self) -> &'t TxAlarms {
+        self.alarms
     }
 }
 
@@ -380,6 +396,21 @@ where
     E: From<Error>,
     F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
 {
+    run_noted(handle, read_only, &TxAlarms::default(), work).await
+}
+
+/// [`run`], keeping what the work did to the tenant's alarms in `alarms` (the firing task reads
+/// the next due time its transaction noted).
+pub(crate) async fn run_noted<'a, T, E, F>(
+    handle: &Arc<HeldLease>,
+    read_only: bool,
+    alarms: &TxAlarms,
+    work: F,
+) -> Result<T, E>
+where
+    E: From<Error>,
+    F: for<'t> FnOnce(Tx<'t, 'a>) -> BoxFuture<'t, Result<T, E>>,
+{
     let in_flight = handle.begin_work()?;
     let object = tenant_connection(&handle.replica, &handle.key)
         .await
@@ -389,7 +420,7 @@ where
     let mut session = WorkSession::new(handle, object);
     session.state.hold(in_flight);
     let outcome = match session.parts() {
-        Some((_, object, state)) => run_on(handle, object, state, read_only, work).await,
+        Some((_, object, state)) => run_on(handle, object, state, read_only, alarms, work).await,
         None => Err(Error::stuck(
             "begin tenant transaction",
             handle.replica.options.stuck_timeout,
@@ -407,6 +438,7 @@ async fn run_on<'a, T, E, F>(
     object: &mut deadpool_postgres::Object,
     state: &mut SessionState,
     read_only: bool,
+    alarms: &TxAlarms,
     work: F,
 ) -> Result<T, E>
 where
@@ -421,6 +453,8 @@ where
         send_entry(handle, &tx, &entered.entry),
         work(Tx {
             transaction: &tx,
+            lease: handle,
+            alarms,
             _borrows: PhantomData,
         }),
     );
@@ -429,8 +463,27 @@ where
         return Err(entry_failed(handle, error, state).into());
     }
     let value = outcome?;
+    if alarms.touched() {
+        // The tenant's alarm hint, computed under the alarm lock the work took, commits with
+        // the work (DESIGN G11: a due alarm of a tenant nobody holds is found by it).
+        let next = db::alarms::note_alarms(&tx, &handle.key)
+            .await
+            .map_err(Error::db("note the tenant's alarms"))?;
+        alarms.set_noted(next);
+    }
     commit(handle, tx, state).await?;
     retire_if_spent(handle, object_id, state);
+    if alarms.touched() {
+        handle
+            .alarms_table
+            .store(true, std::sync::atomic::Ordering::Release);
+        if !alarms.firing && handle.replica.options.alarms.handler.is_some() {
+            handle
+                .replica
+                .alarms
+                .committed(&handle.id, alarms.noted().flatten());
+        }
+    }
     Ok(value)
 }
 
