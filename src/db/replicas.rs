@@ -5,6 +5,7 @@
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use crate::credentials::Credentials;
 use crate::db::setup::LOCK_NAMESPACE;
 use crate::error::{Error, Result};
 use crate::lease::Incarnation;
@@ -149,20 +150,15 @@ pub(crate) async fn deregister(
 /// `pgtenant.leave` (control plane V17): this incarnation stops being a home (weight 0), so
 /// the other replicas stop moving tenants to it while it closes. False when the incarnation is
 /// not the current one.
-pub(crate) async fn leave(
-    client: &Client,
-    replica: &ReplicaId,
-    incarnation: Incarnation,
-    secret: &str,
-) -> Result<bool> {
+pub(crate) async fn leave(client: &Client, credentials: &Credentials) -> Result<bool> {
     // A pooled data session: read-only by default (G6), hence `call`'s read-write transaction.
     crate::db::call(
         client,
         "SELECT pgtenant.leave($1, $2, $3)",
         &[
-            (replica, Type::TEXT),
-            (&incarnation.get(), Type::INT8),
-            (&secret, Type::TEXT),
+            (&credentials.replica, Type::TEXT),
+            (&credentials.incarnation.get(), Type::INT8),
+            (&credentials.secret(), Type::TEXT),
         ],
     )
     .await

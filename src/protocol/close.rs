@@ -112,13 +112,7 @@ async fn leave(shared: &Replica) {
             .get()
             .await
             .map_err(crate::error::pool_error("stop being a home"))?;
-        crate::db::replicas::leave(
-            &client,
-            &credentials.replica,
-            credentials.incarnation,
-            credentials.secret(),
-        )
-        .await
+        crate::db::replicas::leave(&client, &credentials).await
     };
     if let Err(error) = left.await {
         warn!(%error, "could not stop being a home before closing; handing off all the same");
