@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{cpu_model, fresh_database, median, server_info};
+use common::{arg, cpu_model, fresh_database, median, server_info, xorshift};
 use pgtenant::{Alarm, Router, RouterOptions, TenantHandle, TenantId};
 
 const COMMAND: &str = "cargo run --release --example bench_alarms";
@@ -52,15 +52,6 @@ const MIGRATIONS: [(&str, &str); 1] = [(
                            due timestamptz NOT NULL,
                            fired_at timestamptz NOT NULL DEFAULT clock_timestamp())",
 )];
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|at| args.get(at + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn tenant(i: usize) -> TenantId {
     TenantId::new("alarms", &format!("t{i}")).expect("tenant id")
@@ -175,13 +166,6 @@ async fn wait_fired(fired: &AtomicUsize, target: usize, limit: Duration) -> bool
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     true
-}
-
-fn xorshift(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{cpu_model, fresh_database, median, ms, server_info};
+use common::{arg, cpu_model, fresh_database, median, ms, server_info, xorshift};
 use pgtenant::{Event, Route, Router, RouterOptions, TenantHandle, TenantId};
 
 const COMMAND: &str = "cargo run --release --example bench_placement";
@@ -174,13 +174,6 @@ fn percentile_d(values: &[Duration], p: f64) -> Duration {
         return Duration::ZERO;
     }
     common::percentile_d(values, p)
-}
-
-fn xorshift(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
 }
 
 async fn insert(handle: &TenantHandle, seq: i64) -> pgtenant::Result<()> {
@@ -532,15 +525,6 @@ fn child_main(name: &str) {
         println!("ready");
         std::future::pending::<()>().await;
     });
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|at| args.get(at + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {

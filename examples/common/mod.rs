@@ -260,3 +260,21 @@ pub(crate) fn source_revision() -> String {
         _ => "unknown (no git)".to_owned(),
     }
 }
+
+/// The value after `--name` on the command line, or `default` when absent or not a number.
+pub(crate) fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|at| args.get(at + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A cheap deterministic pseudo-random sequence (xorshift64) for the benchmarks' choices.
+pub(crate) fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
