@@ -23,6 +23,7 @@
 --   V16__rebalancing
 --   V17__leaving
 --   V18__alarms
+--   V19__alarm_requests
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -30,6 +31,8 @@ GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
 CREATE DOMAIN pgtenant.fenced_transaction AS text
     CONSTRAINT the_work_ended_the_fenced_transaction CHECK (((VALUE IS NOT NULL) AND (VALUE = 'on'::text)));
 COMMENT ON TYPE pgtenant.fenced_transaction IS 'The commit check of a fenced transaction: current_setting(''pgtenant.fenced'', true) cast to this fails once the transaction the fence began has ended.';
+
+CREATE SEQUENCE pgtenant.alarm_requests_id_seq AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 NO CYCLE OWNED BY pgtenant.alarm_requests.id;
 
 CREATE SEQUENCE pgtenant.history_id_seq AS bigint START WITH 1 INCREMENT BY 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1 NO CYCLE OWNED BY pgtenant.history.id;
 
@@ -47,6 +50,19 @@ CREATE TABLE pgtenant.alarm_due (
 );
 CREATE INDEX alarm_due_next ON pgtenant.alarm_due USING btree (next_due) WHERE (next_due IS NOT NULL);
 COMMENT ON TABLE pgtenant.alarm_due IS 'Per tenant with alarms: when its next pending alarm is due, how many are pending and how many failed (parked). A hint kept by pgtenant in the transactions that change the tenant''s alarms (its own table pgtenant_alarms holds the truth); read by due_alarms to wake tenants no replica holds.';
+
+CREATE TABLE pgtenant.alarm_requests (
+    id bigint DEFAULT nextval('pgtenant.alarm_requests_id_seq'::regclass) NOT NULL,
+    tenant_key text NOT NULL,
+    name text,
+    action text NOT NULL,
+    requested_by text DEFAULT CURRENT_USER NOT NULL,
+    requested_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT alarm_requests_action_check CHECK ((action = ANY (ARRAY['retry'::text, 'clear'::text]))),
+    CONSTRAINT alarm_requests_pkey PRIMARY KEY (id)
+);
+CREATE INDEX alarm_requests_tenant ON pgtenant.alarm_requests USING btree (tenant_key);
+COMMENT ON TABLE pgtenant.alarm_requests IS 'Operators'' requests to retry or clear a tenant''s parked alarms (name NULL: all of them), applied and deleted by the tenant''s owner in a fenced transaction of the tenant.';
 
 CREATE TABLE pgtenant.config (
     singleton boolean DEFAULT true NOT NULL,
@@ -1264,16 +1280,15 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v18(p_app, p_operator);
+    PERFORM pgtenant.grant_roles_before_v19(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION
-                            pgtenant.note_alarms(text, timestamptz, integer, integer),
-                            pgtenant.due_alarms(text, integer, integer, boolean)
-                        TO %I', p_app);
-        EXECUTE format('GRANT SELECT ON pgtenant.alarms TO %I', p_app);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.take_alarm_requests(text),
+                                                  pgtenant.parked_alarms(text) TO %I', p_app);
     END IF;
     IF p_operator IS NOT NULL THEN
-        EXECUTE format('GRANT SELECT ON pgtenant.alarms TO %I', p_operator);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.request_alarm(text, text, text),
+                                                  pgtenant.parked_alarms(text) TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.alarm_requests TO %I', p_operator);
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
@@ -1429,6 +1444,26 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v18(name, name) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v19(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v18(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION
+                            pgtenant.note_alarms(text, timestamptz, integer, integer),
+                            pgtenant.due_alarms(text, integer, integer, boolean)
+                        TO %I', p_app);
+        EXECUTE format('GRANT SELECT ON pgtenant.alarms TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT SELECT ON pgtenant.alarms TO %I', p_operator);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v19(name, name) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
  RETURNS interval
  LANGUAGE sql
@@ -1570,8 +1605,12 @@ CREATE OR REPLACE FUNCTION pgtenant.note_alarms(p_key text, p_next_due timestamp
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
+DECLARE
+    v_next timestamptz := p_next_due;
 BEGIN
-    IF coalesce(p_pending, 0) <= 0 AND coalesce(p_failed, 0) <= 0 THEN
+    IF EXISTS (SELECT 1 FROM pgtenant.alarm_requests r WHERE r.tenant_key = p_key) THEN
+        v_next := least(coalesce(v_next, now()), now());
+    ELSIF coalesce(p_pending, 0) <= 0 AND coalesce(p_failed, 0) <= 0 THEN
         DELETE FROM pgtenant.alarm_due WHERE tenant_key = p_key;
         RETURN;
     END IF;
@@ -1579,7 +1618,7 @@ BEGIN
         RAISE EXCEPTION 'pgtenant: no tenant %', p_key USING ERRCODE = 'PTN01';
     END IF;
     INSERT INTO pgtenant.alarm_due AS a (tenant_key, next_due, pending, failed, updated_at)
-    VALUES (p_key, p_next_due, greatest(coalesce(p_pending, 0), 0),
+    VALUES (p_key, v_next, greatest(coalesce(p_pending, 0), 0),
             greatest(coalesce(p_failed, 0), 0), now())
     ON CONFLICT (tenant_key) DO UPDATE
        SET next_due = EXCLUDED.next_due, pending = EXCLUDED.pending, failed = EXCLUDED.failed,
@@ -1633,6 +1672,31 @@ SELECT h.key FROM homes h WHERE h.home = p_replica ORDER BY h.key LIMIT p_limit
 $function$;
 COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS 'Tenants whose home among the live replicas is p_replica and that nobody will serve unasked: held by an incarnation that is over (expired, deregistered or replaced), or free and reserved for a replica that is not a live home (gone or leaving). What p_replica takes over, and nobody else, after a crash or a close. At most p_limit rows.';
 REVOKE EXECUTE ON FUNCTION pgtenant.orphaned_homes(text, integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.parked_alarms(p_key text)
+ RETURNS TABLE(tenant text, name text, id bigint, attempts integer, last_error text, failed_at timestamp with time zone, due_at timestamp with time zone)
+ LANGUAGE plpgsql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN SELECT tt.key, tt.schema_name
+               FROM pgtenant.tenants tt
+               LEFT JOIN pgtenant.alarm_due a ON a.tenant_key = tt.key
+              WHERE tt.schema_name IS NOT NULL
+                AND CASE WHEN p_key IS NULL THEN a.failed > 0 ELSE tt.key = p_key END
+              ORDER BY tt.key LOOP
+        CONTINUE WHEN pg_catalog.to_regclass(pg_catalog.format('%I.pgtenant_alarms', t.schema_name)) IS NULL;
+        RETURN QUERY EXECUTE pg_catalog.format(
+            'SELECT $1, name, seq, attempts, last_error, failed_at, due_at
+               FROM %I.pgtenant_alarms WHERE failed_at IS NOT NULL ORDER BY failed_at, name',
+            t.schema_name) USING t.key;
+    END LOOP;
+END $function$;
+COMMENT ON FUNCTION pgtenant.parked_alarms(text) IS 'The parked alarms (last attempt failed) of tenant p_key, or of every tenant whose hint in pgtenant.alarm_due counts failed ones when p_key is NULL: name, id (seq), attempts, last error, when parked, when due. Never the payload.';
+REVOKE EXECUTE ON FUNCTION pgtenant.parked_alarms(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.placement_members(p_stable_ms integer)
  RETURNS TABLE(replica_id text, weight double precision, stable boolean)
@@ -1964,6 +2028,34 @@ SELECT x.*
  ORDER BY x.replica_id
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.replica_status_rows() FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.request_alarm(p_key text, p_name text, p_action text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+DECLARE
+    v_id bigint;
+BEGIN
+    IF p_action IS NULL OR p_action NOT IN ('retry', 'clear') THEN
+        RAISE EXCEPTION 'pgtenant: alarm action % is neither retry nor clear', p_action
+            USING ERRCODE = '22023', HINT = 'Give ''retry'' or ''clear''.';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.tenants t
+                    WHERE t.key = p_key AND t.schema_name IS NOT NULL) THEN
+        RAISE EXCEPTION 'pgtenant: no tenant % with a live schema', p_key USING ERRCODE = 'PTN01';
+    END IF;
+    INSERT INTO pgtenant.alarm_requests (tenant_key, name, action)
+    VALUES (p_key, p_name, p_action) RETURNING id INTO v_id;
+    INSERT INTO pgtenant.alarm_due AS a (tenant_key, next_due, pending, failed, updated_at)
+    VALUES (p_key, now(), 0, 0, now())
+    ON CONFLICT (tenant_key) DO UPDATE
+       SET next_due = least(a.next_due, EXCLUDED.next_due);
+    RETURN v_id;
+END $function$;
+COMMENT ON FUNCTION pgtenant.request_alarm(text, text, text) IS 'An operator asks tenant p_key''s owner to retry (pending again, due now, attempts from 0) or clear (delete) its parked alarm p_name, or every parked alarm when p_name is NULL. Returns the request''s id; the request is gone from pgtenant.alarm_requests once applied.';
+REVOKE EXECUTE ON FUNCTION pgtenant.request_alarm(text, text, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.request_handoff(p_key text, p_replica text, p_incarnation bigint, p_secret text)
  RETURNS boolean
@@ -2411,6 +2503,17 @@ SELECT (SELECT count(*) FROM pgtenant.trash x
          WHERE o.nspname ~ '^t_[a-z0-9_]+_[0-9]+_[0-9a-f]{10}$')
 $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.sweep_backlog_rows(bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.take_alarm_requests(p_key text)
+ RETURNS TABLE(name text, action text)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+DELETE FROM pgtenant.alarm_requests r WHERE r.tenant_key = p_key RETURNING r.name, r.action
+$function$;
+COMMENT ON FUNCTION pgtenant.take_alarm_requests(text) IS 'Deletes and returns tenant p_key''s alarm requests; pgtenant calls it inside a fenced transaction of the tenant that applies them, so they commit (or stay) together.';
+REVOKE EXECUTE ON FUNCTION pgtenant.take_alarm_requests(text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.take_handoff_request(p_replica text, p_incarnation bigint, p_secret text, p_key text, p_requester text)
  RETURNS boolean

@@ -38,6 +38,19 @@ fn alarm_options(url: &str, replica: &'static str, calls: Arc<AtomicUsize>) -> R
                 if payload["panic"].as_bool() == Some(true) {
                     panic!("planned panic at attempt {}", alarm.attempt);
                 }
+                // Fails until an operator repaired the ledger (a row named "repair").
+                if payload["needs_repair"].as_bool() == Some(true) {
+                    let repaired: bool = tx
+                        .query_one(
+                            "SELECT EXISTS (SELECT 1 FROM effects WHERE name = 'repair')",
+                            &[],
+                        )
+                        .await?
+                        .get(0);
+                    if !repaired {
+                        return Err("planned failure: needs repair".into());
+                    }
+                }
                 let fail = payload["fail"].as_u64().unwrap_or(0);
                 if u64::from(alarm.attempt) <= fail {
                     return Err(format!("planned failure at attempt {}", alarm.attempt).into());
@@ -586,6 +599,132 @@ async fn a_stale_owners_firing_is_refused_by_the_database() {
 /// The application's role, granted by setup and nothing more (DESIGN G8), schedules, fires and
 /// wakes through the control plane's functions; the operator's role reads the view; neither
 /// writes the hint table.
+#[tokio::test]
+async fn an_operator_retries_and_clears_parked_alarms_through_their_owner() {
+    use pgtenant::admin::{self, AlarmAction};
+    let (_db, _admin, app, operator) = support::granted().await;
+    let (router, _calls) = alarm_router(app.url(), "alarm-ops").await;
+    let id = tenant("ops");
+    let handle = router.open_or_create(&id).await.unwrap();
+    schedule(
+        &handle,
+        "needy",
+        in_ms(0),
+        serde_json::json!({"needs_repair": true}),
+    )
+    .await;
+    schedule(
+        &handle,
+        "doomed",
+        in_ms(0),
+        serde_json::json!({"fail": 100}),
+    )
+    .await;
+    let ops = support::connect(operator.url()).await;
+    eventually(Duration::from_secs(10), "both parked", || async {
+        view(&ops, id.key()).await == Some((0, 2))
+    })
+    .await;
+    // The operator lists them (it cannot read the tenant's schema: the function does).
+    let parked = admin::parked_alarms(&ops, None).await.expect("list parked");
+    let mut names: Vec<_> = parked
+        .iter()
+        .map(|p| (p.tenant.as_str(), p.name.as_str(), p.attempts))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, [("acme/ops", "doomed", 3), ("acme/ops", "needy", 3)]);
+    assert!(parked.iter().all(|p| p
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.contains("planned failure"))));
+    assert_eq!(
+        admin::parked_alarms(&ops, Some(&id)).await.unwrap().len(),
+        2
+    );
+    // A name that is not parked: refused before anything is recorded.
+    let refused = admin::request_alarms(&ops, &id, Some("nosuch"), AlarmAction::Retry)
+        .await
+        .expect_err("no such parked alarm");
+    assert!(matches!(refused, Error::InvalidOption { .. }), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("no parked alarm named \"nosuch\""),
+        "{refused}"
+    );
+    let requests: i64 = ops
+        .query_one("SELECT count(*) FROM pgtenant.alarm_requests", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(requests, 0);
+    // The application's role does not request; the operator's does not write the alarms.
+    let app_client = support::connect(app.url()).await;
+    let denied = app_client
+        .query(
+            "SELECT pgtenant.request_alarm('acme/ops', NULL, 'clear')",
+            &[],
+        )
+        .await
+        .expect_err("requests are the operators'");
+    assert_eq!(support::sqlstate(&denied), Some("42501"));
+
+    // Repaired, then retried: it fires at its first attempt again, under the lease.
+    handle
+        .run(|tx| {
+            Box::pin(async move {
+                tx.execute(
+                    "INSERT INTO effects (name, alarm_id, attempt, replica, payload)
+                     VALUES ('repair', 0, 0, 'operator', '{}')",
+                    &[],
+                )
+                .await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .unwrap();
+    let retry = admin::request_alarms(&ops, &id, Some("needy"), AlarmAction::Retry)
+        .await
+        .expect("request a retry");
+    assert_eq!(retry.alarms, ["needy"]);
+    eventually(Duration::from_secs(10), "the retry was applied", || async {
+        !admin::alarm_request_pending(&ops, retry.id).await.unwrap()
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the retried alarm fired",
+        || async { !effects(&handle, "needy").await.is_empty() },
+    )
+    .await;
+    let fired = effects(&handle, "needy").await;
+    assert_eq!(
+        (fired.len(), fired[0].1, fired[0].2.as_str()),
+        (1, 1, "alarm-ops")
+    );
+    assert_eq!(view(&ops, id.key()).await, Some((0, 1)));
+
+    // Cleared while nobody holds the tenant: the replica that wakes it applies the request.
+    handle.handoff().await.unwrap();
+    let clear = admin::request_alarms(&ops, &id, None, AlarmAction::Clear)
+        .await
+        .expect("request a clear");
+    assert_eq!(clear.alarms, ["doomed"]);
+    eventually(Duration::from_secs(10), "the clear was applied", || async {
+        !admin::alarm_request_pending(&ops, clear.id).await.unwrap()
+    })
+    .await;
+    assert_eq!(view(&ops, id.key()).await, None);
+    let reopened = router.handle_of(&id).expect("woken by the request");
+    assert_eq!(pending(&reopened).await, 0);
+    assert!(
+        effects(&reopened, "doomed").await.is_empty(),
+        "cleared, never fired"
+    );
+    router.close().await;
+}
+
 #[tokio::test]
 async fn the_app_role_schedules_and_fires_and_the_operator_reads_the_view() {
     let (_db, _admin, app, operator) = support::granted().await;

@@ -174,6 +174,57 @@ pub(crate) struct Trash {
     <schema>.pgtenant_alarms, the schema from `pgtenant show ORG/LEDGER`."
 )]
 pub(crate) struct Alarms {
+    #[command(subcommand)]
+    pub action: Option<AlarmsAction>,
+    #[command(flatten)]
+    pub output: Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AlarmsAction {
+    /// Parked alarms (their last attempt failed), with their last error, from each tenant's
+    /// table
+    Failed(AlarmsFailed),
+    /// Make a tenant's parked alarms pending again, due now, attempts from 0 (applied by the
+    /// tenant's owner in a fenced transaction)
+    Retry(AlarmsChange),
+    /// Delete a tenant's parked alarms (applied by the tenant's owner in a fenced transaction)
+    Clear(AlarmsChange),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AlarmsFailed {
+    /// Only this tenant's
+    #[arg(long, value_name = "ORG/LEDGER", value_parser = tenant_id)]
+    pub tenant: Option<pgtenant::TenantId>,
+    #[command(flatten)]
+    pub output: Json,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Only the tenant's owner writes its alarms (they are fenced like its ledger): \
+    this leaves a request in pgtenant.alarm_requests, which the replica firing the tenant's \
+    alarms (its owner, or the one that wakes a tenant nobody holds) applies within about a \
+    second. A request not applied within --wait stays and is applied when such a replica runs."
+)]
+pub(crate) struct AlarmsChange {
+    /// The tenant
+    #[arg(value_name = "ORG/LEDGER", value_parser = tenant_id)]
+    pub tenant: pgtenant::TenantId,
+    /// The parked alarm's name
+    #[arg(
+        value_name = "NAME",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    pub name: Option<String>,
+    /// Every parked alarm of the tenant
+    #[arg(long)]
+    pub all: bool,
+    /// How long to wait for the request to be applied (0s: do not wait)
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::wait)]
+    pub wait: Duration,
     #[command(flatten)]
     pub output: Json,
 }

@@ -81,6 +81,11 @@ pub(crate) fn connect_timeout(text: &str) -> Result<Duration, DurationError> {
     parse(text, Duration::from_millis(1), Duration::from_secs(3_600))
 }
 
+/// `--wait`: 0 (do not wait) to 1 hour.
+pub(crate) fn wait(text: &str) -> Result<Duration, DurationError> {
+    parse(text, Duration::ZERO, Duration::from_secs(3_600))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

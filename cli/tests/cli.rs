@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{pgtenant, text};
+use common::{assert_fails_saying, pgtenant, text};
 use pgtenant_testkit::TestDatabase;
 
 #[tokio::test]
@@ -307,6 +307,129 @@ async fn alarms_lists_the_tenants_with_alarms() {
     assert!(
         table.contains("acme/reminders") && table.contains("alarm-maker"),
         "{table}"
+    );
+    router.close().await;
+}
+
+/// `pgtenant alarms failed`, `retry`, `clear`: parked alarms listed, and an operator's request
+/// applied by the tenant's owner under its lease. Multi-threaded: the commands run as blocking
+/// child processes while the router's firing task works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alarms_failed_retry_and_clear_reach_the_owner() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant, SystemTime};
+    let db = TestDatabase::create().await.expect("test database");
+    let url = db.url();
+    let setup = pgtenant(&["setup", "--database-url", url]);
+    assert!(setup.status.success(), "{}", text(&setup));
+    // The webhook is down until the test says otherwise; one attempt, then parked.
+    let down = Arc::new(AtomicBool::new(true));
+    let fired = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (webhook, log) = (down.clone(), fired.clone());
+    let options = pgtenant::RouterOptions::from_url("alarm-owner", url)
+        .unwrap()
+        .alarm_max_attempts(1)
+        .alarm_handler(move |_tx, alarm| {
+            let (webhook, log) = (webhook.clone(), log.clone());
+            Box::pin(async move {
+                if webhook.load(Ordering::SeqCst) {
+                    return Err("the webhook answered 503".into());
+                }
+                log.lock().unwrap().push(alarm.name.clone());
+                Ok(())
+            })
+        });
+    let router = pgtenant::Router::start(options).await.unwrap();
+    let id = pgtenant::TenantId::new("acme", "hooks").unwrap();
+    let handle = router.open_or_create(&id).await.unwrap();
+    let now = SystemTime::now();
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.schedule_alarm("flaky", now, &()).await?;
+                tx.schedule_alarm("broken", now, &()).await?;
+                Ok::<_, pgtenant::Error>(())
+            })
+        })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let parked = loop {
+        let listed = pgtenant(&["alarms", "failed", "--json", "--database-url", url]);
+        assert!(listed.status.success(), "{}", text(&listed));
+        let value: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+        if value.as_array().map_or(0, Vec::len) == 2 {
+            break value;
+        }
+        assert!(Instant::now() < deadline, "not parked: {value}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(parked[0]["tenant"], "acme/hooks");
+    assert_eq!(parked[0]["attempts"], 1);
+    assert_eq!(parked[0]["last_error"], "the webhook answered 503");
+    let table = text(&pgtenant(&["alarms", "failed", "--database-url", url]));
+    assert!(table.contains("broken") && table.contains("503"), "{table}");
+
+    let unknown = pgtenant(&[
+        "alarms",
+        "retry",
+        "acme/hooks",
+        "nosuch",
+        "--database-url",
+        url,
+    ]);
+    assert_fails_saying(
+        &unknown,
+        "tenant acme/hooks has no parked alarm named \"nosuch\"",
+    );
+    let neither = pgtenant(&["alarms", "clear", "acme/hooks", "--database-url", url]);
+    assert_eq!(
+        neither.status.code(),
+        Some(2),
+        "a name or --all: {}",
+        text(&neither)
+    );
+
+    down.store(false, Ordering::SeqCst);
+    let retried = pgtenant(&[
+        "alarms",
+        "retry",
+        "acme/hooks",
+        "flaky",
+        "--json",
+        "--database-url",
+        url,
+    ]);
+    assert!(retried.status.success(), "{}", text(&retried));
+    let value: serde_json::Value = serde_json::from_slice(&retried.stdout).unwrap();
+    assert_eq!(value["applied"], true, "{value}");
+    assert_eq!(value["alarms"], serde_json::json!(["flaky"]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fired.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the retried alarm did not fire");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(*fired.lock().unwrap(), ["flaky"]);
+    let cleared = pgtenant(&[
+        "alarms",
+        "clear",
+        "acme/hooks",
+        "--all",
+        "--database-url",
+        url,
+    ]);
+    assert!(
+        text(&cleared).contains("broken cleared by its owner"),
+        "{}",
+        text(&cleared)
+    );
+    let left = pgtenant(&["alarms", "--json", "--database-url", url]);
+    assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "[]");
+    assert_eq!(
+        *fired.lock().unwrap(),
+        ["flaky"],
+        "a cleared alarm never fires"
     );
     router.close().await;
 }

@@ -25,6 +25,8 @@ async fn without_a_control_plane_every_command_says_run_setup() {
         &["tenants"],
         &["trash"],
         &["alarms"],
+        &["alarms", "failed"],
+        &["alarms", "retry", "acme/books", "--all"],
         &["sweep"],
         &["show", "acme/books"],
         &["clear", "acme/books"],

@@ -216,7 +216,7 @@ pub struct TenantAlarms {
     pub updated_at: String,
 }
 
-/// Every tenant with alarms, the next due first (control plane 17 on): one read of the view
+/// Every tenant with alarms, the next due first (control plane 18 on): one read of the view
 /// `pgtenant.alarms`. The alarms themselves are in each tenant's schema (`pgtenant_alarms`).
 pub async fn list_alarms(client: &impl GenericClient) -> Result<Vec<TenantAlarms>> {
     Ok(db::admin::alarms(client)
@@ -231,6 +231,125 @@ pub async fn list_alarms(client: &impl GenericClient) -> Result<Vec<TenantAlarms
             updated_at: row.updated_at,
         })
         .collect())
+}
+
+/// A parked alarm: its last attempt failed and it waits for an operator (DESIGN §5 "Alarms").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ParkedAlarm {
+    /// The tenant's key.
+    pub tenant: String,
+    /// The alarm's name.
+    pub name: String,
+    /// This scheduling of it ([`Alarm::id`](crate::Alarm::id)).
+    pub id: i64,
+    /// Attempts made.
+    pub attempts: i32,
+    /// The last attempt's error, as the handler returned it.
+    pub last_error: Option<String>,
+    /// When it was parked (UTC, RFC 3339).
+    pub failed_at: Option<String>,
+    /// When it was due (UTC, RFC 3339).
+    pub due_at: Option<String>,
+}
+
+/// What an operator asks of a parked alarm ([`request_alarms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlarmAction {
+    /// Pending again, due now, its attempts counted from 0.
+    Retry,
+    /// Deleted.
+    Clear,
+}
+
+impl AlarmAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            AlarmAction::Retry => "retry",
+            AlarmAction::Clear => "clear",
+        }
+    }
+}
+
+/// A request [`request_alarms`] left for the tenant's owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct AlarmRequest {
+    /// Its id in `pgtenant.alarm_requests` (gone from there once applied).
+    pub id: i64,
+    /// The parked alarms it names, as they were when it was made.
+    pub alarms: Vec<String>,
+}
+
+/// The parked alarms of `tenant`, or of every tenant whose hint in `pgtenant.alarms` counts
+/// failed ones (control plane 19 on): one call of `pgtenant.parked_alarms`, which reads each
+/// such tenant's table `pgtenant_alarms` for the operator (never the payloads, the tenant's
+/// data).
+pub async fn parked_alarms(
+    client: &impl GenericClient,
+    tenant: Option<&TenantId>,
+) -> Result<Vec<ParkedAlarm>> {
+    Ok(db::admin::parked_alarms(client, tenant.map(TenantId::key))
+        .await?
+        .into_iter()
+        .map(|row| ParkedAlarm {
+            tenant: row.tenant,
+            name: row.name,
+            id: row.id,
+            attempts: row.attempts,
+            last_error: row.last_error,
+            failed_at: row.failed_at,
+            due_at: row.due_at,
+        })
+        .collect())
+}
+
+/// Asks `tenant`'s owner to retry or clear its parked alarm `name` (None: all of them) (control
+/// plane 19 on). Nobody but the tenant's owner writes its alarms (they are fenced like its
+/// ledger), so this leaves a request in `pgtenant.alarm_requests` and makes the tenant due now:
+/// the replica that fires its alarms (its owner, or for a tenant nobody holds the one that wakes
+/// it) applies the request in a fenced transaction within about a second (its next read of
+/// `pgtenant.due_alarms`). [`alarm_request_pending`] says when it was applied.
+///
+/// # Errors
+/// [`Error::InvalidOption`] when the tenant has no parked alarm of that name (or none at all),
+/// before anything changes; [`Error::Database`] otherwise (a role without
+/// `pgtenant.request_alarm`: `pgtenant setup --operator-role` grants it).
+pub async fn request_alarms(
+    client: &impl GenericClient,
+    tenant: &TenantId,
+    name: Option<&str>,
+    action: AlarmAction,
+) -> Result<AlarmRequest> {
+    let parked: Vec<String> = db::admin::parked_alarms(client, Some(tenant.key()))
+        .await?
+        .into_iter()
+        .map(|row| row.name)
+        .filter(|parked| name.is_none_or(|name| name == parked))
+        .collect();
+    if parked.is_empty() {
+        return Err(Error::InvalidOption {
+            option: "alarm name",
+            reason: match name {
+                Some(name) => format!(
+                    "tenant {tenant} has no parked alarm named {name:?}: `pgtenant alarms failed \
+                     --tenant {tenant}` lists its parked alarms"
+                ),
+                None => format!(
+                    "tenant {tenant} has no parked alarm: nothing to {}",
+                    action.as_str()
+                ),
+            },
+        });
+    }
+    let id = db::admin::request_alarm(client, tenant.key(), name, action.as_str()).await?;
+    Ok(AlarmRequest { id, alarms: parked })
+}
+
+/// Whether alarm request `id` ([`request_alarms`]) still waits for the tenant's owner.
+pub async fn alarm_request_pending(client: &impl GenericClient, id: i64) -> Result<bool> {
+    db::admin::alarm_request_pending(client, id).await
 }
 
 /// Clears a tenant's quarantine (recording `by` in the journal) so it can be opened again;

@@ -257,7 +257,7 @@ pub(crate) async fn trash(client: &impl GenericClient) -> Result<Vec<TrashRow>> 
         .collect())
 }
 
-/// One row of `pgtenant.alarms` (control plane 17 on), timestamps as RFC 3339 in UTC.
+/// One row of `pgtenant.alarms` (control plane 18 on), timestamps as RFC 3339 in UTC.
 pub(crate) struct AlarmRow {
     pub(crate) tenant: String,
     pub(crate) owner: Option<String>,
@@ -528,4 +528,75 @@ async fn query_v10(
         }
         Err(error) => Err(Error::db(context)(error)),
     }
+}
+
+/// One parked alarm, from `pgtenant.parked_alarms` (control plane 19 on), timestamps as
+/// RFC 3339 in UTC.
+pub(crate) struct ParkedAlarmRow {
+    pub(crate) tenant: String,
+    pub(crate) name: String,
+    pub(crate) id: i64,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) failed_at: Option<String>,
+    pub(crate) due_at: Option<String>,
+}
+
+/// The parked alarms of tenant `key`, or of every tenant whose hint counts failed ones
+/// (`pgtenant.parked_alarms`, which reads the tenants' tables for a role that cannot).
+pub(crate) async fn parked_alarms(
+    client: &impl GenericClient,
+    key: Option<&str>,
+) -> Result<Vec<ParkedAlarmRow>> {
+    let rows = client
+        .query(
+            "SELECT p.tenant, p.name, p.id, p.attempts, p.last_error,
+                    to_char(p.failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'),
+                    to_char(p.due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+               FROM pgtenant.parked_alarms($1) p",
+            &[&key],
+        )
+        .await
+        .map_err(Error::db("list the parked alarms"))?;
+    Ok(rows
+        .iter()
+        .map(|row| ParkedAlarmRow {
+            tenant: row.get(0),
+            name: row.get(1),
+            id: row.get(2),
+            attempts: row.get(3),
+            last_error: row.get(4),
+            failed_at: row.get(5),
+            due_at: row.get(6),
+        })
+        .collect())
+}
+
+/// `pgtenant.request_alarm` (control plane 19 on): the request's id.
+pub(crate) async fn request_alarm(
+    client: &impl GenericClient,
+    key: &str,
+    name: Option<&str>,
+    action: &str,
+) -> Result<i64> {
+    let row = client
+        .query_one(
+            "SELECT pgtenant.request_alarm($1, $2, $3)",
+            &[&key, &name, &action],
+        )
+        .await
+        .map_err(Error::db("request an alarm action"))?;
+    Ok(row.get(0))
+}
+
+/// Whether alarm request `id` is still waiting for the tenant's owner.
+pub(crate) async fn alarm_request_pending(client: &impl GenericClient, id: i64) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pgtenant.alarm_requests WHERE id = $1)",
+            &[&id],
+        )
+        .await
+        .map_err(Error::db("read an alarm request"))?;
+    Ok(row.get(0))
 }

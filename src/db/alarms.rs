@@ -85,3 +85,21 @@ pub(crate) async fn due_alarms(
     }
     Ok(due)
 }
+
+/// `pgtenant.take_alarm_requests(key)` (control plane 19 on), inside the fenced transaction
+/// that applies them: the operators' requests for the tenant's parked alarms, as (alarm name,
+/// None for all; retry or clear), deleted with that transaction's commit.
+pub(crate) async fn take_requests(
+    tx: &Transaction<'_>,
+    key: &str,
+) -> Result<Vec<(Option<String>, String)>, tokio_postgres::Error> {
+    let rows = tx
+        .query_typed(
+            "SELECT name, action FROM pgtenant.take_alarm_requests($1) ORDER BY name NULLS FIRST",
+            &[(&key, Type::TEXT)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
+}

@@ -26,6 +26,9 @@
 //!   the alarm (`failed_at`) after the last attempt. A due alarm of a tenant that is free, or
 //!   held by an incarnation that is over, is fired after opening the tenant here (with
 //!   placement on, only by its home): the acquisition decides who wins.
+//! * **Operators** retry or clear parked alarms by request (`pgtenant.request_alarm`, control
+//!   plane 19, `pgtenant alarms retry|clear`): the request makes the tenant's hint due now, and
+//!   the firing transaction that finds nothing due applies and deletes it under the lease.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -98,6 +101,14 @@ const RETRY_SQL: &str = "UPDATE pgtenant_alarms
 /// What an alarm handler returns on failure: any error (its Display is recorded as the alarm's
 /// `last_error`). `?` converts [`Error`] and most error types into it.
 pub type AlarmError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An operator's retry of a parked alarm (`$1` NULL: all of the tenant's).
+const RETRY_PARKED_SQL: &str = "UPDATE pgtenant_alarms
+    SET failed_at = NULL, attempts = 0, last_error = NULL, due_at = now()
+    WHERE failed_at IS NOT NULL AND ($1::text IS NULL OR name = $1)";
+/// An operator's clear of a parked alarm (`$1` NULL: all of the tenant's).
+const CLEAR_PARKED_SQL: &str =
+    "DELETE FROM pgtenant_alarms WHERE failed_at IS NOT NULL AND ($1::text IS NULL OR name = $1)";
 
 /// The handler as the router keeps it.
 type Handler = Arc<
@@ -487,6 +498,8 @@ async fn fire_one(
         Box::pin(async move {
             prepare(&tx).await?;
             let Some(row) = tx.query_opt(DUE_SQL, &[]).await? else {
+                // Nothing due: a wake for the operators' requests, or an early one.
+                apply_requests(&tx).await?;
                 return Ok(None);
             };
             let alarm = alarm_of(tenant, &row)?;
@@ -528,6 +541,27 @@ async fn fire_one(
         });
     }
     Ok((fired.is_some(), next))
+}
+
+/// Applies the operators' requests for this tenant's parked alarms (`pgtenant alarms retry` and
+/// `clear`, control plane 19 on) in the firing transaction, which also deletes them: retry makes
+/// a parked alarm pending again, due now, its attempts from 0; clear deletes it. An alarm that is
+/// not parked (fired, rescheduled, cancelled meanwhile) is left as it is.
+async fn apply_requests(tx: &Tx<'_, '_>) -> Result<()> {
+    let key = tx.lease().key.clone();
+    let requests = db::alarms::take_requests(tx, &key)
+        .await
+        .map_err(Error::db("take the operators' alarm requests"))?;
+    for (name, action) in requests {
+        let sql = if action == "clear" {
+            CLEAR_PARKED_SQL
+        } else {
+            RETRY_PARKED_SQL
+        };
+        let changed = tx.execute(sql, &[&name]).await?;
+        tracing::info!(tenant = %key, alarm = name.as_deref().unwrap_or("(all parked)"), %action, changed, "applied an operator's alarm request");
+    }
+    Ok(())
 }
 
 /// A handler's future whose panic is its error: the firing rolls back and counts the attempt

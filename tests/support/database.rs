@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 18] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 19] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -108,6 +108,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 18] = [
     (
         "V18__alarms",
         include_str!("../../migrations/V18__alarms.sql"),
+    ),
+    (
+        "V19__alarm_requests",
+        include_str!("../../migrations/V19__alarm_requests.sql"),
     ),
 ];
 
