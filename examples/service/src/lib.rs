@@ -10,6 +10,8 @@
 //! | `POST /tenants/{org}/{ledger}/entries` | add one entry (`{"memo": "…", "amount": 42}`) |
 //! | `POST /tenants/{org}/{ledger}/entries/batch` | add several entries in one transaction |
 //! | `GET /tenants/{org}/{ledger}/entries` | the entries and their balance |
+//! | `PUT /tenants/{org}/{ledger}/recurring/{name}` | a recurring entry (`{"memo": "…", "amount": -5, "every_ms": 60000}`): an alarm |
+//! | `DELETE /tenants/{org}/{ledger}/recurring/{name}` | stop it (cancel its alarm) |
 //! | `POST /tenants/{org}/{ledger}/handoff[?to=replica]` | hand the tenant off (to one replica) |
 //! | `GET /health` | [`Router::summary`]; 503 while the replica does not serve |
 //! | `GET /metrics` | pgtenant's metrics in Prometheus' text format |
@@ -35,6 +37,13 @@
 //! One error type, `ApiError`, with one conversion from pgtenant (`From<pgtenant::Error>`):
 //! every pgtenant call returns [`pgtenant::Error`], the statements run through a handle too.
 //!
+//! A **recurring entry** (a subscription fee, say) is a tenant alarm ([`Tx::schedule_alarm`],
+//! issue #31): `PUT …/recurring/{name}` schedules alarm `recurring:{name}`, and the router's
+//! alarm handler ([`router_options`]) adds the entry and schedules the next one, in one fenced
+//! transaction of the tenant that also deletes the alarm that fired: each period's entry
+//! commits exactly once, by whichever replica holds the tenant then (it moves with the
+//! tenant; a tenant nobody holds is woken for it).
+//!
 //! [`serve`] runs the service until its shutdown future resolves, then stops accepting
 //! connections, lets the requests in flight finish, and only then closes the router, which
 //! hands every tenant off so that other replicas take them over at once.
@@ -43,13 +52,14 @@
 mod forward;
 
 use std::future::Future;
+use std::time::{Duration, SystemTime};
 
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, MethodRouter};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Json;
 use forward::{Forwarder, FORWARDED, SERVED_BY};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
@@ -78,7 +88,39 @@ pub const TENANT_MIGRATIONS: [(&str, &str); 1] = [(
 /// # Errors
 /// [`Error::InvalidOption`] when the URL does not parse.
 pub fn router_options(replica_id: &str, database_url: &str) -> pgtenant::Result<RouterOptions> {
-    RouterOptions::from_url(replica_id, database_url)?.tenant_migrations(TENANT_MIGRATIONS)
+    Ok(RouterOptions::from_url(replica_id, database_url)?
+        .tenant_migrations(TENANT_MIGRATIONS)?
+        .alarm_handler(|tx, alarm| {
+            Box::pin(async move {
+                if !alarm.name.starts_with(RECURRING) {
+                    // Parked after its attempts: `pgtenant alarms failed` shows it.
+                    return Err(format!("no handler for alarm {:?}", alarm.name).into());
+                }
+                let every: Recurring = alarm.payload()?;
+                tx.execute(
+                    "INSERT INTO entries (memo, amount) VALUES ($1, $2)",
+                    &[&every.memo, &every.amount],
+                )
+                .await?;
+                // The next period, in the same transaction: it commits with this entry, or
+                // neither does. From the due time, not from now, so periods do not drift; a
+                // tenant that was unserved for a while catches up one period at a time.
+                let next = alarm.due + Duration::from_millis(every.every_ms);
+                tx.schedule_alarm(&alarm.name, next, &every).await?;
+                Ok(())
+            })
+        }))
+}
+
+/// The prefix of a recurring entry's alarm name.
+const RECURRING: &str = "recurring:";
+
+/// A recurring entry, the payload of its alarm.
+#[derive(Debug, Serialize, Deserialize)]
+struct Recurring {
+    memo: String,
+    amount: i64,
+    every_ms: u64,
 }
 
 /// Installs the Prometheus recorder as the process's `metrics` recorder, so that pgtenant's
@@ -129,6 +171,10 @@ pub fn app(router: Router, metrics: PrometheusHandle) -> axum::Router {
         .route(
             "/tenants/{org}/{ledger}/entries/batch",
             existing(post(add_entries)),
+        )
+        .route(
+            "/tenants/{org}/{ledger}/recurring/{name}",
+            existing(put(set_recurring)).merge(existing(delete(stop_recurring))),
         )
         .route("/tenants/{org}/{ledger}/handoff", post(handoff))
         .route("/health", get(health))
@@ -243,6 +289,19 @@ async fn routed(app: App, id: TenantId, create: bool, request: Request, next: Ne
     }
 }
 
+/// The `{org}/{ledger}` of a route, by name (a route may have more parameters).
+#[derive(Deserialize)]
+struct TenantPath {
+    org: String,
+    ledger: String,
+}
+
+/// The `{name}` of a recurring entry's route.
+#[derive(Deserialize)]
+struct RecurringPath {
+    name: String,
+}
+
 /// The `{org}/{ledger}` of a route, validated before any handler runs.
 struct Tenant(TenantId);
 
@@ -250,10 +309,10 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
-        let Path((org, ledger)) = Path::<(String, String)>::from_request_parts(parts, state)
+        let Path(path) = Path::<TenantPath>::from_request_parts(parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        TenantId::new(&org, &ledger)
+        TenantId::new(&path.org, &path.ledger)
             .map(Tenant)
             .map_err(|invalid| ApiError::from(invalid).into_response())
     }
@@ -372,6 +431,56 @@ async fn entries(State(app): State<App>, Served(tenant): Served) -> Result<Json<
     })))
 }
 
+/// The longest name of a recurring entry, in bytes (its alarm's name is at most 200).
+const MAX_RECURRING_NAME: usize = 100;
+
+/// Starts (or replaces) recurring entry `name`: the first one a period from now.
+async fn set_recurring(
+    Served(tenant): Served,
+    Path(RecurringPath { name }): Path<RecurringPath>,
+    Json(every): Json<Recurring>,
+) -> Result<Json<Value>, ApiError> {
+    if name.is_empty() || name.len() > MAX_RECURRING_NAME || every.every_ms < 100 {
+        return Err(ApiError::BadRecurring(format!(
+            "a recurring entry has a name of 1 to {MAX_RECURRING_NAME} bytes and a period \
+             (every_ms) of at least 100 ms; this one: {} bytes, {} ms",
+            name.len(),
+            every.every_ms
+        )));
+    }
+    let first = SystemTime::now() + Duration::from_millis(every.every_ms);
+    let alarm = format!("{RECURRING}{name}");
+    let every = &every;
+    tenant
+        .run(|tx| {
+            Box::pin(async move {
+                // Inside the work: had this transaction rolled back, no alarm would exist.
+                tx.schedule_alarm(&alarm, first, every).await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await?;
+    Ok(Json(
+        json!({ "tenant": tenant.id(), "recurring": name, "every_ms": every.every_ms }),
+    ))
+}
+
+/// Stops recurring entry `name`; 404 when there is none.
+async fn stop_recurring(
+    Served(tenant): Served,
+    Path(RecurringPath { name }): Path<RecurringPath>,
+) -> Result<Json<Value>, ApiError> {
+    let alarm = format!("{RECURRING}{name}");
+    let alarm = &alarm;
+    let stopped = tenant
+        .run(|tx| Box::pin(async move { tx.cancel_alarm(alarm).await }))
+        .await?;
+    if !stopped {
+        return Err(ApiError::NoRecurring(name));
+    }
+    Ok(Json(json!({ "tenant": tenant.id(), "stopped": name })))
+}
+
 #[derive(Deserialize)]
 struct HandoffTarget {
     /// Checked as it is parsed: a bad replica id is a 400 naming the rule.
@@ -435,6 +544,10 @@ async fn render_metrics(State(app): State<App>) -> impl IntoResponse {
 enum ApiError {
     /// Anything pgtenant returned.
     Pgtenant(Error),
+    /// A recurring entry out of range.
+    BadRecurring(String),
+    /// No recurring entry of that name.
+    NoRecurring(String),
     /// A handoff asked of a replica that does not hold the tenant.
     NotServedHere {
         /// The tenant.
@@ -518,6 +631,15 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let error = match self {
             ApiError::Pgtenant(error) => error,
+            ApiError::BadRecurring(message) => {
+                let body = json!({ "error": "invalid_input", "message": message });
+                return (StatusCode::BAD_REQUEST, Json(body)).into_response();
+            }
+            ApiError::NoRecurring(name) => {
+                let message = format!("no recurring entry named {name:?} on this tenant");
+                let body = json!({ "error": "not_found", "message": message });
+                return (StatusCode::NOT_FOUND, Json(body)).into_response();
+            }
             ApiError::NotServedHere { tenant, replica } => {
                 let message = format!(
                     "replica {replica} does not serve tenant {tenant}: ask its owner \

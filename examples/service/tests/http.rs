@@ -109,6 +109,10 @@ impl Service {
     async fn delete(&self, path: &str) -> Reply {
         http(self.addr, "DELETE", path, None).await
     }
+
+    async fn put(&self, path: &str, body: Value) -> Reply {
+        http(self.addr, "PUT", path, Some(body)).await
+    }
 }
 
 /// An HTTP response, as the tiny client below read it.
@@ -397,6 +401,82 @@ async fn a_handoff_moves_a_tenant_to_the_second_replica() {
     let report = b.shut_down().await;
     assert_eq!(report.handed_off, ["acme/ledger"], "{report:?}");
     assert_eq!(lease(&client, "acme/ledger").await, ("free".into(), None));
+}
+
+/// The "fee" entries of a ledger, as `replica` serves them.
+async fn fees(service: &Service, ledger: &str) -> usize {
+    let read = service
+        .get(&format!("/tenants/acme/{ledger}/entries"))
+        .await;
+    assert_eq!(read.status, 200, "{read:?}");
+    memos(&read.json())
+        .iter()
+        .filter(|memo| **memo == "fee")
+        .count()
+}
+
+/// Polls `condition` every 25 ms until it holds, or panics after the patience saying `what`.
+async fn until<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {PATIENCE:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_recurring_entry_is_an_alarm_that_follows_its_tenant() {
+    let (db, client) = database().await;
+    let a = Service::start(db.url(), "replica-a").await;
+    let b = Service::start(db.url(), "replica-b").await;
+    assert_eq!(a.post("/tenants/acme/subscription", None).await.status, 200);
+    let too_often = json!({ "memo": "fee", "amount": -5, "every_ms": 10 });
+    let refused = a
+        .put("/tenants/acme/subscription/recurring/fee", too_often)
+        .await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    let every = json!({ "memo": "fee", "amount": -5, "every_ms": 200 });
+    let set = a
+        .put("/tenants/acme/subscription/recurring/fee", every)
+        .await;
+    assert_eq!(set.status, 200, "{set:?}");
+    until("A added two fees", || async {
+        fees(&a, "subscription").await >= 2
+    })
+    .await;
+
+    // A shuts down: the tenant is free, and B (which no request reached) wakes it for its
+    // alarm and goes on adding the fee.
+    let report = a.shut_down().await;
+    assert_eq!(report.handed_off, ["acme/subscription"], "{report:?}");
+    until("B woke the tenant for its alarm", || async {
+        lease(&client, "acme/subscription").await == ("held".into(), Some("replica-b".into()))
+    })
+    .await;
+    let at_b = fees(&b, "subscription").await;
+    until("B added two more", || async {
+        fees(&b, "subscription").await >= at_b + 2
+    })
+    .await;
+
+    let stopped = b.delete("/tenants/acme/subscription/recurring/fee").await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    let again = b.delete("/tenants/acme/subscription/recurring/fee").await;
+    assert_eq!(again.status, 404, "{again:?}");
+    let last = fees(&b, "subscription").await;
+    // The window in which nothing may happen: two periods.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(fees(&b, "subscription").await, last, "stopped");
+    let balance = b.get("/tenants/acme/subscription/entries").await.json()["balance"].clone();
+    assert_eq!(balance, json!(-5 * i64::try_from(last).unwrap()));
+    b.shut_down().await;
 }
 
 /// `acme/{prefix}-N` for the first N whose home (placement over the live replicas) is `home`.
