@@ -14,12 +14,26 @@
 //! 2. **Burst.** `B` alarms (20 000) spread over the tenants, all due at one instant. Measured:
 //!    the sustained firing rate (`B` over the time from that instant to the last firing).
 //!
+//! 3. **Kill.** A second replica, a child process with a `--kill-ttl-ms` ttl (2 000), creates
+//!    `K` tenants (`--kill-tenants`, 1 000) and schedules `--kill-alarms` (5 000) on them, due
+//!    at random instants over `--kill-window-s` (4 s) from the moment it is SIGKILLed. This
+//!    replica, which holds none of them, wakes each tenant when its first alarm is due (once
+//!    the dead incarnation's lease lapsed) and fires. Measured: lateness p50 / p99 of those
+//!    alarms, and each tenant's takeover (acquired by this replica minus the later of the kill
+//!    and the tenant's first due time) p50 / p99: the target is lateness p99 ≤ takeover p99 +
+//!    50 ms.
+//!
+//! 4. **Scale** (before the kill, on this replica's tenants): `--million` alarms (1 000 000)
+//!    due in an hour, inserted in bulk by each tenant's work (one `schedule_alarm` each would
+//!    take minutes; what is measured is what their presence costs), then one alarm per tenant
+//!    due at once among them. Measured: resident memory, the due-tenant read, the burst's rate.
+//!
 //! Then every tenant's `effects` are read back: `lost` (scheduled, never committed), `duplicated`
 //! (committed more than once) and `early` (committed before due) must be 0. The replica's
-//! resident memory is read before and after scheduling. Not measured here (issue #31 stays
-//! open for it): lateness after the owner is SIGKILLed, and 1 000 000 scheduled alarms.
+//! resident memory is read before and after scheduling.
 //!
-//! It ends with one machine-readable line, `alarm-bench:`, and writes a Markdown report to
+//! It ends with machine-readable lines, `alarm-bench:`, `alarm-bench-scale:` and
+//! `alarm-bench-kill:`, and writes a Markdown report to
 //! `/tmp/bench_alarms.md`.
 
 #[path = "common/mod.rs"]
@@ -46,6 +60,15 @@ const BURST_LEAD: Duration = Duration::from_secs(10);
 /// How long to wait for every alarm of a phase after its last due time.
 const DRAIN_LIMIT: Duration = Duration::from_secs(120);
 
+/// Set in the child process of the kill phase: its replica id.
+const CHILD_ENV: &str = "PGTENANT_BENCH_ALARMS_CHILD";
+/// The child's database URL.
+const URL_ENV: &str = "PGTENANT_BENCH_ALARMS_URL";
+/// The child's sizes: tenants, alarms, window in ms, ttl in ms.
+const KILL_ENV: &str = "PGTENANT_BENCH_ALARMS_KILL";
+/// How long after the child's scheduling ends it is killed (and its alarms' window starts).
+const KILL_LEAD: Duration = Duration::from_secs(1);
+
 const MIGRATIONS: [(&str, &str); 1] = [(
     "V1__effects",
     "CREATE TABLE effects (name text NOT NULL, alarm_id bigint NOT NULL,
@@ -58,7 +81,11 @@ fn tenant(i: usize) -> TenantId {
 }
 
 fn options(url: &str, fired: Arc<AtomicUsize>) -> RouterOptions {
-    RouterOptions::from_url("alarms-bench", url)
+    options_as("alarms-bench", url, fired)
+}
+
+fn options_as(replica: &str, url: &str, fired: Arc<AtomicUsize>) -> RouterOptions {
+    RouterOptions::from_url(replica, url)
         .expect("database url")
         .tenant_migrations(MIGRATIONS)
         .expect("migrations")
@@ -211,7 +238,14 @@ async fn effects(
     (lateness, duplicated, early)
 }
 
-async fn run(tenants: usize, alarms: usize, window: Duration, burst: usize) {
+async fn run(
+    tenants: usize,
+    alarms: usize,
+    window: Duration,
+    burst: usize,
+    million: usize,
+    kill: (usize, usize, Duration, u64),
+) {
     let (db, admin) = fresh_database().await;
     let server = server_info(&admin).await;
     let fired = Arc::new(AtomicUsize::new(0));
@@ -338,6 +372,21 @@ async fn run(tenants: usize, alarms: usize, window: Duration, burst: usize) {
         burst_lateness.len(),
         drained_ms / 1000.0
     );
+
+    // Phase 4 (before the kill, on this replica's tenants): `--million` alarms scheduled far
+    // ahead, then a burst among them.
+    let scale = scale_phase(&admin, &handles, &schemas, &fired, million).await;
+
+    // Phase 3: the owner of other tenants SIGKILLed as their alarms come due.
+    let killed = kill_phase(db.url(), &admin, &fired, kill.0, kill.1, kill.2, kill.3).await;
+    eprintln!(
+        "kill: {} fired, lateness p50 {:.1} ms, p99 {:.1} ms; takeover p50 {:.1} ms, p99 {:.1} ms",
+        killed.lateness.len(),
+        percentile(&killed.lateness, 50.0),
+        percentile(&killed.lateness, 99.0),
+        percentile(&killed.takeover, 50.0),
+        percentile(&killed.takeover, 99.0),
+    );
     router.close().await;
 
     let lost = lost + burst_lost;
@@ -373,21 +422,374 @@ async fn run(tenants: usize, alarms: usize, window: Duration, burst: usize) {
         lateness.last().copied().unwrap_or(0.0),
         drained_ms / 1000.0
     );
-    let _ = writeln!(report, "```\n{line}\n```");
+    let kill_line = format!(
+        "alarm-bench-kill: tenants={} alarms={} ttl_ms={} lateness_p50_ms={:.1} lateness_p99_ms={:.1} takeover_p50_ms={:.1} takeover_p99_ms={:.1} lost={} duplicated={} early={}",
+        killed.tenants,
+        killed.alarms,
+        killed.ttl_ms,
+        percentile(&killed.lateness, 50.0),
+        percentile(&killed.lateness, 99.0),
+        percentile(&killed.takeover, 50.0),
+        percentile(&killed.takeover, 99.0),
+        killed.lost,
+        killed.duplicated,
+        killed.early,
+    );
+    let _ = writeln!(
+        report,
+        "Kill: a second replica (ttl {} ms) held {} tenants with {} alarms due over {} s from \
+         the moment it was SIGKILLed; this replica fired them with lateness p50 {:.1} ms, p99 \
+         {:.1} ms, against each tenant's takeover (acquired here minus the later of the kill and \
+         its first due time) p50 {:.1} ms, p99 {:.1} ms. Lost {}, duplicated {}, early {}.\n",
+        killed.ttl_ms,
+        killed.tenants,
+        killed.alarms,
+        kill.2.as_secs(),
+        percentile(&killed.lateness, 50.0),
+        percentile(&killed.lateness, 99.0),
+        percentile(&killed.takeover, 50.0),
+        percentile(&killed.takeover, 99.0),
+        killed.lost,
+        killed.duplicated,
+        killed.early,
+    );
+    let scale_line = format!(
+        "alarm-bench-scale: tenants={tenants} alarms={} rss_mib={:.0} due_read_ms={:.2} burst={} rate_per_s={:.0} lost={} duplicated={}",
+        scale.alarms, scale.rss_mib, scale.due_read_ms, scale.burst, scale.rate, scale.lost, scale.duplicated
+    );
+    let _ = writeln!(
+        report,
+        "Scale: {} alarms due in an hour inserted over the tenants in {:.1} s (in bulk, by each \
+         tenant's work); resident memory {:.0} MiB; due-tenant read {:.2} ms (median of 20); a \
+         burst of one alarm per tenant among them fired at {:.0}/s; lost {}, duplicated {}.\n",
+        scale.alarms,
+        scale.inserted_s,
+        scale.rss_mib,
+        scale.due_read_ms,
+        scale.rate,
+        scale.lost,
+        scale.duplicated,
+    );
+    let _ = writeln!(report, "```\n{line}\n{scale_line}\n{kill_line}\n```");
     std::fs::write(REPORT_PATH, &report).expect("report");
     println!("{report}");
     println!("{line}");
+    println!("{scale_line}");
+    println!("{kill_line}");
     drop(db);
 }
 
+fn kill_tenant(i: usize) -> TenantId {
+    TenantId::new("alarms", &format!("kill-{i}")).expect("tenant id")
+}
+
+/// The child of the kill phase: a replica that creates its tenants, schedules their alarms due
+/// over the window from `KILL_LEAD` after scheduling ends, prints `ready <window start, unix
+/// ms>`, and waits to be killed.
+fn child_main(name: &str) {
+    let url = std::env::var(URL_ENV).expect("url");
+    let sizes: Vec<u64> = std::env::var(KILL_ENV)
+        .expect("sizes")
+        .split(',')
+        .map(|n| n.parse().expect("a size"))
+        .collect();
+    let (tenants, alarms, window_ms, ttl_ms) =
+        (sizes[0] as usize, sizes[1] as usize, sizes[2], sizes[3]);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async move {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let router =
+            Router::start(options_as(name, &url, fired).ttl(Duration::from_millis(ttl_ms)))
+                .await
+                .expect("child router");
+        let slots: Arc<Vec<std::sync::Mutex<Option<TenantHandle>>>> =
+            Arc::new((0..tenants).map(|_| std::sync::Mutex::new(None)).collect());
+        {
+            let (router, slots) = (router.clone(), slots.clone());
+            for_each(tenants, CREATE_CONCURRENCY, move |i| {
+                let (router, slots) = (router.clone(), slots.clone());
+                async move {
+                    let handle = router
+                        .open_or_create(&kill_tenant(i))
+                        .await
+                        .expect("create");
+                    *slots[i].lock().expect("slot") = Some(handle);
+                }
+            })
+            .await;
+        }
+        let handles: Arc<Vec<TenantHandle>> = Arc::new(
+            slots
+                .iter()
+                .map(|slot| slot.lock().expect("slot").take().expect("created"))
+                .collect(),
+        );
+        // Scheduled in two steps: first far ahead (the tables, the hints), then moved into the
+        // window once its start is known, so that none is due before the kill.
+        let far = SystemTime::now() + Duration::from_secs(3600);
+        let placeholders: Vec<Vec<(String, SystemTime)>> = (0..tenants)
+            .map(|i| {
+                let n = alarms / tenants + usize::from(i < alarms % tenants);
+                (0..n).map(|k| (format!("kill-{k}"), far)).collect()
+            })
+            .collect();
+        schedule_all(&handles, Arc::new(placeholders.clone())).await;
+        let estimate = Instant::now();
+        schedule_all(&handles, Arc::new(placeholders)).await;
+        let start = SystemTime::now() + estimate.elapsed() + KILL_LEAD;
+        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+        let per_tenant: Vec<Vec<(String, SystemTime)>> = (0..tenants)
+            .map(|i| {
+                let n = alarms / tenants + usize::from(i < alarms % tenants);
+                (0..n)
+                    .map(|k| {
+                        let offset = Duration::from_millis(xorshift(&mut seed) % window_ms.max(1));
+                        (format!("kill-{k}"), start + offset)
+                    })
+                    .collect()
+            })
+            .collect();
+        schedule_all(&handles, Arc::new(per_tenant)).await;
+        let start_ms = start
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis();
+        println!("ready {start_ms}");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// What the scale phase measured.
+struct ScalePhase {
+    alarms: usize,
+    inserted_s: f64,
+    rss_mib: f64,
+    due_read_ms: f64,
+    rate: f64,
+    burst: usize,
+    lost: usize,
+    duplicated: usize,
+}
+
+/// Phase 4: `total` alarms due in an hour spread over the tenants (inserted in bulk by each
+/// tenant's work: `schedule_alarm` one by one would take minutes, and what is measured is what
+/// their presence costs), then a burst of one alarm per tenant due at once among them.
+async fn scale_phase(
+    admin: &tokio_postgres::Client,
+    handles: &Arc<Vec<TenantHandle>>,
+    schemas: &[String],
+    fired: &AtomicUsize,
+    total: usize,
+) -> ScalePhase {
+    let tenants = handles.len();
+    let inserting = Instant::now();
+    {
+        let handles = handles.clone();
+        for_each(tenants, SCHEDULE_CONCURRENCY, move |i| {
+            let handles = handles.clone();
+            let n = i64::try_from(total / tenants + usize::from(i < total % tenants)).unwrap_or(0);
+            async move {
+                loop {
+                    let inserted = handles[i]
+                        .run(move |tx| {
+                            Box::pin(async move {
+                                tx.execute(
+                                    "INSERT INTO pgtenant_alarms (name, due_at, payload)
+                                     SELECT 'far-' || g, now() + interval '1 hour'
+                                                         + g * interval '1 millisecond', 'null'
+                                       FROM generate_series(1, $1::int8) g",
+                                    &[&n],
+                                )
+                                .await?;
+                                // Through the API once, so the hint counts them.
+                                tx.schedule_alarm(
+                                    "far-0",
+                                    SystemTime::now() + Duration::from_secs(3600),
+                                    &(),
+                                )
+                                .await?;
+                                Ok::<_, pgtenant::Error>(())
+                            })
+                        })
+                        .await;
+                    match inserted {
+                        Ok(()) => break,
+                        Err(error) if error.is_retryable() => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(error) => panic!("insert: {error}"),
+                    }
+                }
+            }
+        })
+        .await;
+    }
+    let inserted_s = inserting.elapsed().as_secs_f64();
+    let rss = rss_mib();
+    let mut due_read_ms = Vec::new();
+    for _ in 0..20 {
+        let at = Instant::now();
+        admin
+            .query(
+                "SELECT * FROM pgtenant.due_alarms('alarms-bench', 2000, 1000, false)",
+                &[],
+            )
+            .await
+            .expect("due_alarms");
+        due_read_ms.push(at.elapsed().as_secs_f64() * 1000.0);
+    }
+    eprintln!(
+        "scale: {total} alarms inserted in {inserted_s:.1} s; rss {rss:.0} MiB; due read {:.2} ms",
+        median(&due_read_ms)
+    );
+    let before = fired.load(Ordering::Relaxed);
+    let due = SystemTime::now() + BURST_LEAD;
+    let per_tenant: Vec<Vec<(String, SystemTime)>> = (0..tenants)
+        .map(|_| vec![("scale-0".to_owned(), due)])
+        .collect();
+    schedule_all(handles, Arc::new(per_tenant)).await;
+    wait_fired(fired, before + tenants, BURST_LEAD + DRAIN_LIMIT).await;
+    let (lateness, duplicated, _) = effects(admin, schemas, "scale-").await;
+    let drained_ms = lateness.last().copied().unwrap_or(0.0);
+    let rate = if drained_ms > 0.0 {
+        lateness.len() as f64 / (drained_ms / 1000.0)
+    } else {
+        0.0
+    };
+    ScalePhase {
+        alarms: total,
+        inserted_s,
+        rss_mib: rss,
+        due_read_ms: median(&due_read_ms),
+        rate,
+        burst: tenants,
+        lost: tenants.saturating_sub(lateness.len()),
+        duplicated,
+    }
+}
+
+/// What the kill phase measured.
+struct KillPhase {
+    tenants: usize,
+    alarms: usize,
+    lateness: Vec<f64>,
+    takeover: Vec<f64>,
+    lost: usize,
+    duplicated: usize,
+    early: usize,
+    ttl_ms: u64,
+}
+
+/// Phase 3: a child replica schedules alarms on its tenants and is SIGKILLed as they come due;
+/// `fired` counts this replica's firings.
+async fn kill_phase(
+    url: &str,
+    admin: &tokio_postgres::Client,
+    fired: &AtomicUsize,
+    tenants: usize,
+    alarms: usize,
+    window: Duration,
+    ttl_ms: u64,
+) -> KillPhase {
+    use std::io::BufRead as _;
+    let exe = std::env::current_exe().expect("this example");
+    let mut child = std::process::Command::new(exe)
+        .env(CHILD_ENV, "alarms-victim")
+        .env(URL_ENV, url)
+        .env(
+            KILL_ENV,
+            format!("{tenants},{alarms},{},{ttl_ms}", window.as_millis()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("child replica");
+    let stdout = child.stdout.take().expect("stdout");
+    let ready = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    })
+    .await
+    .expect("child output")
+    .expect("child ready");
+    let start_ms: u64 = ready
+        .trim()
+        .strip_prefix("ready ")
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("the child said {ready:?}"));
+    let start = UNIX_EPOCH + Duration::from_millis(start_ms);
+    let before = fired.load(Ordering::Relaxed);
+    tokio::time::sleep(start.duration_since(SystemTime::now()).unwrap_or_default()).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let killed_at: f64 = admin
+        .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+        .await
+        .expect("now")
+        .get(0);
+    eprintln!("kill: the child held {tenants} tenants with {alarms} alarms; SIGKILLed");
+    wait_fired(fired, before + alarms, window + DRAIN_LIMIT).await;
+    let rows = admin
+        .query(
+            "SELECT t.schema_name,
+                    extract(epoch FROM t.acquired_at)::float8 * 1000
+               FROM pgtenant.tenants t WHERE t.key LIKE 'alarms/kill-%'",
+            &[],
+        )
+        .await
+        .expect("kill tenants");
+    let schemas: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    let (lateness, duplicated, early) = effects(admin, &schemas, "kill-").await;
+    // Each tenant's takeover: acquired here minus the later of the kill and its first due.
+    let mut takeover = Vec::new();
+    for row in &rows {
+        let schema: String = row.get(0);
+        let acquired_ms: f64 = row.get(1);
+        let first_due: Option<f64> = admin
+            .query_one(
+                &format!("SELECT extract(epoch FROM min(due))::float8 * 1000 FROM \"{schema}\".effects WHERE name LIKE 'kill-%'"),
+                &[],
+            )
+            .await
+            .expect("first due")
+            .get(0);
+        if let Some(first_due) = first_due {
+            takeover.push(acquired_ms - first_due.max(killed_at * 1000.0));
+        }
+    }
+    takeover.sort_by(f64::total_cmp);
+    KillPhase {
+        tenants,
+        alarms,
+        lost: alarms.saturating_sub(lateness.len()),
+        lateness,
+        takeover,
+        duplicated,
+        early,
+        ttl_ms,
+    }
+}
+
 fn main() {
+    if let Ok(name) = std::env::var(CHILD_ENV) {
+        child_main(&name);
+        return;
+    }
     let tenants = arg("--tenants", 10_000).max(1);
     let alarms = arg("--alarms", 100_000);
     let window = Duration::from_secs(arg("--window-s", 60) as u64);
     let burst = arg("--burst", 20_000);
+    let million = arg("--million", 1_000_000);
+    let kill = (
+        arg("--kill-tenants", 1_000).max(1),
+        arg("--kill-alarms", 5_000),
+        Duration::from_secs(arg("--kill-window-s", 4) as u64),
+        arg("--kill-ttl-ms", 2_000) as u64,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(tenants, alarms, window, burst));
+    runtime.block_on(run(tenants, alarms, window, burst, million, kill));
 }

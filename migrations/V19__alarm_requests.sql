@@ -17,6 +17,13 @@
 --                                     deletes and returns the tenant's requests
 --   note_alarms                       now keeps a tenant with requests due now, so a request
 --                                     made while its tenant fires is not lost from the hint
+--   due_alarms                        now also wakes a tenant whose owner's lease session is
+--                                     gone (its liveness lock free), as acquire takes it over,
+--                                     instead of waiting for the owner's heartbeat to lapse
+--
+-- Measured before the due_alarms change (examples/bench_alarms.rs, kill phase, owner ttl 2 s):
+-- alarms of a SIGKILLed owner's tenants fired 1.1 s late at the median and 2.1 s at p99, every
+-- tenant waiting out the dead owner's ttl although a request would have taken it over at once.
 --
 -- A forged take_alarm_requests call (the application's role may call it) can only drop an
 -- operator's request; the application's role owns every tenant schema anyway.
@@ -118,6 +125,33 @@ BEGIN
        SET next_due = EXCLUDED.next_due, pending = EXCLUDED.pending, failed = EXCLUDED.failed,
            updated_at = EXCLUDED.updated_at;
 END $$;
+
+CREATE OR REPLACE FUNCTION pgtenant.due_alarms(p_replica text, p_horizon_ms integer,
+                                                p_limit integer, p_placement boolean)
+RETURNS TABLE (tenant text, next_due timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pgtenant AS $$
+SELECT a.tenant_key, a.next_due
+  FROM pgtenant.alarm_due a
+  JOIN pgtenant.tenants t ON t.key = a.tenant_key
+  LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner
+ WHERE a.next_due <= now() + p_horizon_ms * interval '1 millisecond'
+   AND t.schema_name IS NOT NULL
+   AND (
+        -- held here (in this incarnation or an earlier one of the same replica id)
+        t.owner = p_replica
+        -- free, and not reserved for another replica
+        OR (t.owner IS NULL
+            AND (t.reserved_for IS NULL OR t.reserved_for = p_replica OR t.reserved_until <= now())
+            AND (NOT p_placement OR pgtenant.home(t.key) = p_replica))
+        -- held by an incarnation that is not alive (its lease session gone, its heartbeat
+        -- lapsed, deregistered or replaced): what acquire takes over (pg_locks read once)
+        OR (t.owner IS NOT NULL
+            AND (l.replica_id IS NULL OR NOT l.alive
+                 OR t.owner_incarnation IS DISTINCT FROM l.incarnation)
+            AND (NOT p_placement OR pgtenant.home(t.key) = p_replica)))
+ ORDER BY a.next_due
+ LIMIT p_limit
+$$;
 
 -- Whoever runs replicas (may heartbeat) takes requests; whoever may clear a quarantine (the
 -- operators) may request; both may list parked alarms.

@@ -948,7 +948,7 @@ AS $function$
 SELECT a.tenant_key, a.next_due
   FROM pgtenant.alarm_due a
   JOIN pgtenant.tenants t ON t.key = a.tenant_key
-  LEFT JOIN pgtenant.replicas r ON r.replica_id = t.owner
+  LEFT JOIN pgtenant.replica_liveness l ON l.replica_id = t.owner
  WHERE a.next_due <= now() + p_horizon_ms * interval '1 millisecond'
    AND t.schema_name IS NOT NULL
    AND (
@@ -958,10 +958,11 @@ SELECT a.tenant_key, a.next_due
         OR (t.owner IS NULL
             AND (t.reserved_for IS NULL OR t.reserved_for = p_replica OR t.reserved_until <= now())
             AND (NOT p_placement OR pgtenant.home(t.key) = p_replica))
-        -- held by an incarnation that is over: expired, deregistered or replaced
+        -- held by an incarnation that is not alive (its lease session gone, its heartbeat
+        -- lapsed, deregistered or replaced): what acquire takes over (pg_locks read once)
         OR (t.owner IS NOT NULL
-            AND (r.replica_id IS NULL OR r.released_at IS NOT NULL OR r.expires_at <= now()
-                 OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
+            AND (l.replica_id IS NULL OR NOT l.alive
+                 OR t.owner_incarnation IS DISTINCT FROM l.incarnation)
             AND (NOT p_placement OR pgtenant.home(t.key) = p_replica)))
  ORDER BY a.next_due
  LIMIT p_limit

@@ -490,6 +490,41 @@ async fn a_due_alarm_of_a_tenant_nobody_holds_wakes_it() {
 }
 
 #[tokio::test]
+async fn a_due_alarm_of_a_dead_owner_fires_without_waiting_out_its_ttl() {
+    let (db, _client) = database().await;
+    // The owner fires nothing (no handler) and would keep its lease for a minute by heartbeat.
+    let owner = Router::start(
+        options(db.url(), "alarm-dead-owner")
+            .ttl(Duration::from_secs(60))
+            .tenant_migrations([EFFECTS])
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let id = tenant("dead-owner");
+    let handle = owner.open_or_create(&id).await.unwrap();
+    schedule(&handle, "d", in_ms(0), serde_json::json!({})).await;
+    let (waker, _calls) = alarm_router(db.url(), "alarm-dead-waker").await;
+    // Dropped without close(): its lease session ends (the liveness lock is free at once) and
+    // its heartbeat row says alive for a minute more, as after a SIGKILL.
+    drop(handle);
+    drop(owner);
+    // Within seconds, not the owner's 60 s ttl: as acquire, due_alarms sees the session gone.
+    eventually(
+        Duration::from_secs(10),
+        "the waker took the dead owner's tenant for its alarm",
+        || async {
+            match waker.handle_of(&id) {
+                Some(taken) => !effects(&taken, "d").await.is_empty(),
+                None => false,
+            }
+        },
+    )
+    .await;
+    waker.close().await;
+}
+
+#[tokio::test]
 async fn forget_takes_the_alarms_and_restore_brings_them_back() {
     let (db, client) = database().await;
     let (router, calls) = alarm_router(db.url(), "alarm-forget").await;

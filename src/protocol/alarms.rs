@@ -36,6 +36,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{watch, Semaphore};
+use tokio_postgres::types::Type;
 use tracing::debug;
 
 use crate::db;
@@ -71,6 +72,8 @@ const MAX_ERROR_LEN: usize = 2000;
 
 /// The table, in the tenant's schema (`search_path` is the schema, then `pg_temp`). `seq`
 /// tells one scheduling of a name from the next: a firing deletes only the version it fired.
+/// The statements below go out typed and unnamed (`execute_typed`): one round trip each,
+/// where a plain `execute` of a string first prepares it (two).
 const CREATE_SQL: &str = "CREATE TABLE IF NOT EXISTS pgtenant_alarms (
     name text PRIMARY KEY,
     due_at timestamptz NOT NULL,
@@ -281,7 +284,15 @@ impl Tx<'_, '_> {
             ));
         }
         prepare(self).await?;
-        self.execute(SCHEDULE_SQL, &[&name, &due, &payload]).await?;
+        self.execute_typed(
+            SCHEDULE_SQL,
+            &[
+                (&name, Type::TEXT),
+                (&due, Type::TIMESTAMPTZ),
+                (&payload, Type::TEXT),
+            ],
+        )
+        .await?;
         Ok(())
     }
 
@@ -295,7 +306,10 @@ impl Tx<'_, '_> {
     pub async fn cancel_alarm(&self, name: &str) -> Result<bool> {
         check_name(name)?;
         prepare(self).await?;
-        Ok(self.execute(CANCEL_SQL, &[&name]).await? > 0)
+        Ok(self
+            .execute_typed(CANCEL_SQL, &[(&name, Type::TEXT)])
+            .await?
+            > 0)
     }
 }
 
@@ -497,7 +511,7 @@ async fn fire_one(
     let fired = run_noted(handle, false, &notes, move |tx| {
         Box::pin(async move {
             prepare(&tx).await?;
-            let Some(row) = tx.query_opt(DUE_SQL, &[]).await? else {
+            let Some(row) = tx.query_typed_opt(DUE_SQL, &[]).await? else {
                 // Nothing due: a wake for the operators' requests, or an early one.
                 apply_requests(&tx).await?;
                 return Ok(None);
@@ -509,7 +523,8 @@ async fn fire_one(
                     error: error.to_string(),
                 });
             }
-            match tx.execute(FIRED_SQL, &[&alarm.name, &alarm.id]).await {
+            let fired = [(&alarm.name as _, Type::TEXT), (&alarm.id as _, Type::INT8)];
+            match tx.execute_typed(FIRED_SQL, &fired).await {
                 Ok(_) => Ok(Some(alarm)),
                 Err(error) if error.sqlstate() == Some(crate::sqlstate::IN_FAILED_TRANSACTION) => {
                     Err(Firing::Handler {
@@ -558,7 +573,7 @@ async fn apply_requests(tx: &Tx<'_, '_>) -> Result<()> {
         } else {
             RETRY_PARKED_SQL
         };
-        let changed = tx.execute(sql, &[&name]).await?;
+        let changed = tx.execute_typed(sql, &[(&name, Type::TEXT)]).await?;
         tracing::info!(tenant = %key, alarm = name.as_deref().unwrap_or("(all parked)"), %action, changed, "applied an operator's alarm request");
     }
     Ok(())
@@ -633,8 +648,17 @@ async fn retry_or_park(
     run_noted(handle, false, &notes, move |tx| {
         Box::pin(async move {
             prepare(&tx).await?;
-            tx.execute(RETRY_SQL, &[&name, &id, &text, &parked, &delay_ms])
-                .await?;
+            tx.execute_typed(
+                RETRY_SQL,
+                &[
+                    (&name, Type::TEXT),
+                    (&id, Type::INT8),
+                    (&text, Type::TEXT),
+                    (&parked, Type::BOOL),
+                    (&delay_ms, Type::FLOAT8),
+                ],
+            )
+            .await?;
             Ok::<_, Error>(())
         })
     })
