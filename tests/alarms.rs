@@ -51,6 +51,15 @@ fn alarm_options(url: &str, replica: &'static str, calls: Arc<AtomicUsize>) -> R
                         return Err("planned failure: needs repair".into());
                     }
                 }
+                // Cancels another alarm of the tenant, in the firing's transaction.
+                if let Some(other) = payload["cancel"].as_str() {
+                    tx.cancel_alarm(other).await?;
+                }
+                // A statement fails, and the handler says Ok all the same.
+                if payload["swallow"].as_bool() == Some(true) {
+                    let _ = tx.execute("SELECT 1/0", &[]).await;
+                    return Ok(());
+                }
                 let fail = payload["fail"].as_u64().unwrap_or(0);
                 if u64::from(alarm.attempt) <= fail {
                     return Err(format!("planned failure at attempt {}", alarm.attempt).into());
@@ -486,6 +495,106 @@ async fn a_due_alarm_of_a_tenant_nobody_holds_wakes_it() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].2, "alarm-waker");
     waker.close().await;
+    scheduler.close().await;
+}
+
+/// A backlog fires in batches (several due alarms of a tenant in one transaction): an alarm an
+/// earlier handler of the batch cancelled does not fire, a failing alarm counts its own
+/// attempts only and the others fire once, and a handler that swallowed a failed statement is
+/// that alarm's failure, not its neighbour's.
+#[tokio::test]
+async fn a_backlog_fires_in_batches_each_alarm_on_its_own_account() {
+    let (db, client) = database().await;
+    // Scheduled by a replica without a handler, so that all are due before any fires.
+    let scheduler = Router::start(
+        options(db.url(), "alarm-batch-a")
+            .tenant_migrations([EFFECTS])
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let id = tenant("batch");
+    let handle = scheduler.open_or_create(&id).await.unwrap();
+    let past = |ms: u64| SystemTime::now() - Duration::from_millis(ms);
+    handle
+        .run(move |tx| {
+            Box::pin(async move {
+                tx.schedule_alarm(
+                    "a-first",
+                    past(900),
+                    &serde_json::json!({"cancel": "b-cancelled"}),
+                )
+                .await?;
+                tx.schedule_alarm("b-cancelled", past(800), &serde_json::json!({}))
+                    .await?;
+                tx.schedule_alarm("c-ok", past(700), &serde_json::json!({}))
+                    .await?;
+                tx.schedule_alarm("d-broken", past(600), &serde_json::json!({"fail": 100}))
+                    .await?;
+                tx.schedule_alarm("e-ok", past(500), &serde_json::json!({}))
+                    .await?;
+                tx.schedule_alarm(
+                    "f-swallows",
+                    past(400),
+                    &serde_json::json!({"swallow": true}),
+                )
+                .await?;
+                tx.schedule_alarm("g-ok", past(300), &serde_json::json!({}))
+                    .await?;
+                Ok::<_, Error>(())
+            })
+        })
+        .await
+        .unwrap();
+    handle.handoff().await.unwrap();
+    let (router, _calls) = alarm_router(db.url(), "alarm-batch-b").await;
+    eventually(
+        Duration::from_secs(15),
+        "the good ones fired, the bad ones parked",
+        || async { view(&client, id.key()).await == Some((0, 2)) },
+    )
+    .await;
+    let opened = router.handle_of(&id).expect("woken");
+    for name in ["a-first", "c-ok", "e-ok", "g-ok"] {
+        let fired = effects(&opened, name).await;
+        assert_eq!(fired.len(), 1, "{name} fired once: {fired:?}");
+        assert_eq!(
+            fired[0].1, 1,
+            "{name} at its first attempt: the others' failures are not its"
+        );
+    }
+    assert!(
+        effects(&opened, "b-cancelled").await.is_empty(),
+        "cancelled by a-first in its batch"
+    );
+    let parked: Vec<(String, i32, String)> = opened
+        .read(|tx| {
+            Box::pin(async move {
+                let rows = tx
+                    .query(
+                        "SELECT name, attempts, last_error FROM pgtenant_alarms
+                          WHERE failed_at IS NOT NULL ORDER BY name",
+                        &[],
+                    )
+                    .await?;
+                Ok::<_, Error>(
+                    rows.iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2)))
+                        .collect(),
+                )
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    assert_eq!((parked[0].0.as_str(), parked[0].1), ("d-broken", 3));
+    assert!(parked[0].2.contains("planned failure"), "{parked:?}");
+    assert_eq!((parked[1].0.as_str(), parked[1].1), ("f-swallows", 3));
+    assert!(
+        parked[1].2.contains("the handler returned Ok"),
+        "{parked:?}"
+    );
+    router.close().await;
     scheduler.close().await;
 }
 
