@@ -667,6 +667,69 @@ async fn forget_takes_the_alarms_and_restore_brings_them_back() {
     router.close().await;
 }
 
+/// The sweep (trashed schemas, superseded epochs) and a new tenant migration leave a tenant's
+/// alarms as they are: the alarm scheduled before both fires once after them.
+#[tokio::test]
+async fn sweep_and_tenant_migrations_leave_the_alarms_alone() {
+    let (db, mut client) = database().await;
+    // Scheduled by a replica without a handler: due at once, fired by nobody yet.
+    let scheduler = Router::start(
+        options(db.url(), "alarm-keep-a")
+            .tenant_migrations([EFFECTS])
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let id = tenant("kept");
+    let handle = scheduler.open_or_create(&id).await.unwrap();
+    schedule(&handle, "kept", in_ms(0), serde_json::json!({})).await;
+    let thrown = scheduler
+        .open_or_create(&tenant("thrown-away"))
+        .await
+        .unwrap();
+    thrown.forget(ActiveWork::Drain).await.unwrap();
+    scheduler.close().await;
+    let report = pgtenant::admin::sweep(
+        &mut client,
+        &pgtenant::admin::SweepOptions::with_retention(Duration::ZERO),
+        |_, _| {},
+    )
+    .await
+    .expect("sweep");
+    assert!(
+        !report.swept.is_empty(),
+        "the sweep dropped something: {report:?}"
+    );
+    assert_eq!(view(&client, id.key()).await, Some((1, 0)));
+    // The next release adds a tenant migration; opening the tenant for its alarm migrates it.
+    let router = Router::start(
+        alarm_options(db.url(), "alarm-keep-b", Arc::new(AtomicUsize::new(0)))
+            .tenant_migrations([EFFECTS, ("V2__more", "CREATE TABLE more (id int)")])
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the alarm fired after the sweep and the migration",
+        || async {
+            match router.handle_of(&id) {
+                Some(opened) => !effects(&opened, "kept").await.is_empty(),
+                None => false,
+            }
+        },
+    )
+    .await;
+    let opened = router.handle_of(&id).expect("opened");
+    assert_eq!(effects(&opened, "kept").await.len(), 1);
+    assert_eq!(
+        support::count_rows(&opened, "SELECT count(*) FROM more").await,
+        0
+    );
+    assert_eq!(pending(&opened).await, 0);
+    router.close().await;
+}
+
 /// G3 for firings, enforced by PostgreSQL (transaction fencing's fence; session fencing's
 /// counterpart terminates the stale owner's sessions, tests/session_fencing.rs): a firing that
 /// passed every local check but reaches the database after a takeover is refused there, and
