@@ -548,7 +548,7 @@ async fn fire_batch(
                 match tx.query_typed(FIRED_SQL, &version).await {
                     Ok(deleted) if deleted.is_empty() => continue,
                     Ok(_) => {}
-                    Err(error) => return Err(Firing::Failed(error.into())),
+                    Err(error) => return Err(Firing::Failed(error)),
                 }
                 if let Err(error) = (Caught(handler(tx, alarm.clone()))).await {
                     return Err(Firing::Handler {
