@@ -1,7 +1,7 @@
 //! The history driver's alarm workload (issue #31, DESIGN G11), off unless [`Faults::alarms`]:
 //! the replica children fire alarms with a handler that writes one effect row per committed
 //! firing ([`with_alarm_handler`]), the driver asks them during the fault phase to schedule
-//! alarms with unique names inside fenced transactions ([`schedule_alarm`]) and records which
+//! one to three alarms with unique names in a fenced transaction ([`schedule_alarms`]) and records which
 //! schedulings were acknowledged and which have an unknown outcome ([`AlarmScheduling`]); after
 //! the quiet phase it waits for the alarms to drain ([`drain_alarms`]), and the verdict
 //! ([`check_alarms`]) reads every shared ledger's effects and alarms back: each acknowledged
@@ -71,33 +71,37 @@ pub(crate) async fn try_create_effects(handle: &TenantHandle) -> pgtenant::Resul
         .await
 }
 
-/// Schedules alarm `name` of the handle's tenant in a fenced transaction, due `delay_ms` after
-/// the database's clock at that moment (negative: in the past), with the scheduler's name as
-/// payload. Returns the due time in microseconds since the epoch, as stored.
-pub(crate) async fn schedule_alarm(
+/// Schedules `alarms` (name, delay in ms) of the handle's tenant in one fenced transaction,
+/// each due its delay after the database's clock at that moment (negative: in the past), with
+/// the scheduler's name as payload. Returns their due times in microseconds since the epoch, as
+/// stored.
+pub(crate) async fn schedule_alarms(
     handle: &TenantHandle,
-    name: &str,
-    delay_ms: i64,
+    alarms: Vec<(String, i64)>,
     by: &str,
-) -> pgtenant::Result<i64> {
-    let (name, by) = (name.to_owned(), by.to_owned());
-    let due: SystemTime = handle
+) -> pgtenant::Result<Vec<i64>> {
+    let by = by.to_owned();
+    let dues: Vec<SystemTime> = handle
         .run(move |tx| {
             Box::pin(async move {
-                let due: SystemTime = tx
-                    .query_one(
-                        "SELECT clock_timestamp() + $1::bigint * interval '1 millisecond'",
-                        &[&delay_ms],
-                    )
-                    .await?
-                    .get(0);
-                let payload = serde_json::json!({ "by": by, "delay_ms": delay_ms });
-                tx.schedule_alarm(&name, due, &payload).await?;
-                Ok::<_, pgtenant::Error>(due)
+                let mut dues = Vec::new();
+                for (name, delay_ms) in &alarms {
+                    let due: SystemTime = tx
+                        .query_one(
+                            "SELECT clock_timestamp() + $1::bigint * interval '1 millisecond'",
+                            &[delay_ms],
+                        )
+                        .await?
+                        .get(0);
+                    let payload = serde_json::json!({ "by": by, "delay_ms": delay_ms });
+                    tx.schedule_alarm(name, due, &payload).await?;
+                    dues.push(due);
+                }
+                Ok::<_, pgtenant::Error>(dues)
             })
         })
         .await?;
-    Ok(micros(due))
+    Ok(dues.into_iter().map(micros).collect())
 }
 
 fn micros(at: SystemTime) -> i64 {
@@ -125,42 +129,69 @@ pub(crate) struct AlarmScheduling {
     pub(crate) killed: bool,
 }
 
-/// The command that asks a child to schedule alarm `name` due in `delay_ms` on the first of
-/// `ledgers` it holds.
-pub(crate) fn alarm_command(name: &str, delay_ms: i64, ledgers: &[&str]) -> String {
-    format!("alarm {name} {delay_ms} {}", ledgers.join(" "))
+/// The command that asks a child to schedule `alarms` (name, delay in ms) in one transaction on
+/// the first of `ledgers` it holds.
+pub(crate) fn alarm_command(alarms: &[(String, i64)], ledgers: &[&str]) -> String {
+    let alarms: Vec<String> = alarms
+        .iter()
+        .map(|(name, delay_ms)| format!("{name}={delay_ms}"))
+        .collect();
+    format!("alarm {} {}", alarms.join(","), ledgers.join(" "))
+}
+
+/// The alarms of an [`alarm_command`], as the child reads them.
+pub(crate) fn parse_alarms(word: &str) -> Vec<(String, i64)> {
+    word.split(',')
+        .map(|alarm| {
+            let (name, delay_ms) = alarm.split_once('=').expect("name=delay");
+            (name.to_owned(), delay_ms.parse().expect("delay"))
+        })
+        .collect()
 }
 
 impl AlarmScheduling {
-    /// The scheduling from the child's answer to [`alarm_command`], or None when the child held
-    /// none of the ledgers (and sent nothing).
+    /// The schedulings from the child's answer to [`alarm_command`] for `alarms`, or None when
+    /// the child held none of the ledgers (and sent nothing).
     pub(crate) fn from_reply(
-        name: &str,
+        alarms: &[(String, i64)],
         replica: &str,
-        delay_ms: i64,
         reply: Option<&str>,
         killed: bool,
-    ) -> Option<AlarmScheduling> {
+    ) -> Option<Vec<AlarmScheduling>> {
         if reply == Some("error NotHeld") {
             return None;
         }
         let words: Vec<&str> = reply.unwrap_or_default().split_whitespace().collect();
-        let (ledger, acked) = match words.as_slice() {
-            ["scheduled", ledger, due, ..] => {
-                (Some(*ledger), Some(due.parse().expect("due micros")))
-            }
+        let (ledger, dues): (Option<&str>, Option<Vec<i64>>) = match words.as_slice() {
+            ["scheduled", ledger, _epoch, dues] => (
+                Some(*ledger),
+                Some(
+                    dues.split(',')
+                        .map(|due| due.parse().expect("due micros"))
+                        .collect(),
+                ),
+            ),
             ["unknown", ledger, ..] => (Some(*ledger), None),
             _ => (None, None),
         };
-        Some(AlarmScheduling {
-            name: name.to_owned(),
-            ledger: ledger.map(str::to_owned),
-            replica: replica.to_owned(),
-            delay_ms,
-            acked,
-            reply: reply.unwrap_or("no answer: killed").to_owned(),
-            killed,
-        })
+        if let Some(dues) = &dues {
+            assert_eq!(dues.len(), alarms.len(), "a due time per alarm: {reply:?}");
+        }
+        Some(
+            alarms
+                .iter()
+                .enumerate()
+                .map(|(i, (name, delay_ms))| AlarmScheduling {
+                    name: name.clone(),
+                    ledger: ledger.map(str::to_owned),
+                    replica: replica.to_owned(),
+                    delay_ms: *delay_ms,
+                    acked: dues.as_ref().map(|dues| dues[i]),
+                    reply: reply.unwrap_or("no answer: killed").to_owned(),
+                    killed,
+                })
+                .collect(),
+        )
     }
 }
 
@@ -429,9 +460,11 @@ pub(crate) async fn check_alarms(history: &History, url: &str, ledgers: &[&str])
             }
         }
         if effects.len() > 1 {
-            verdict
-                .duplicated
-                .push(format!("{what}: {} effect rows {effects:?}", effects.len()));
+            verdict.duplicated.push(format!(
+                "{what}: {} effect rows, the first ones {:?}",
+                effects.len(),
+                &effects[..effects.len().min(3)]
+            ));
         }
         for effect in effects {
             verdict.fired += 1;

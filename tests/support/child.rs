@@ -9,7 +9,9 @@ use std::time::Duration;
 use pgtenant::TenantHandle;
 use tokio::sync::{mpsc, oneshot};
 
-use super::alarm_workload::{alarms_on, schedule_alarm, try_create_effects, with_alarm_handler};
+use super::alarm_workload::{
+    alarms_on, parse_alarms, schedule_alarms, try_create_effects, with_alarm_handler,
+};
 use super::log::{append, try_create_stamped_log, APPEND_SQL};
 use super::routers::{join_all, options, router, tenant};
 
@@ -181,10 +183,10 @@ impl Drop for ReplicaProcess {
 /// both left running, so that a pause of this process leaves a backend blocked sending
 /// (`ClientWrite`) or reading (`ClientRead`) inside a fenced transaction; with
 /// `PGTENANT_TEST_ALARMS=1` (the history's alarm workload, `alarm_workload.rs`) the router fires
-/// alarms, `open` also creates the effects table, and `alarm <name> <delay_ms> <ledger>…`
-/// schedules an alarm due `delay_ms` after the database's clock on the first of the ledgers
-/// this replica holds, or else on the first one if it can open it (→ `scheduled <ledger> <due
-/// µs> <epoch>`; `unknown <ledger> error …` when it failed, perhaps in its COMMIT; `error
+/// alarms, `open` also creates the effects table, and `alarm <name>=<delay_ms>[,…] <ledger>…`
+/// schedules those alarms in one transaction, each due its delay after the database's clock, on
+/// the first of the ledgers this replica holds, or else on the first one if it can open it (→
+/// `scheduled <ledger> <epoch> <due µs>[,…]`; `unknown <ledger> error …` when it failed, perhaps in its COMMIT; `error
 /// NotHeld` when it holds none of them and could not open the first, and nothing was
 /// scheduled). Other failures answer `error <Variant> <message>`.
 pub(crate) fn child_main() {
@@ -230,8 +232,7 @@ pub(crate) fn child_main() {
                     },
                     None => "error NotOpen".to_owned(),
                 },
-                ["alarm", name, delay_ms, ledgers @ ..] => {
-                    let delay_ms: i64 = delay_ms.parse().expect("delay");
+                ["alarm", alarms_asked, ledgers @ ..] => {
                     // The first of the ledgers this replica holds now (opened by a command or
                     // woken by an alarm), as an application routes work to the owner.
                     let mut held = ledgers.iter().find_map(|ledger| {
@@ -251,8 +252,17 @@ pub(crate) fn child_main() {
                     }
                     match held {
                         Some((ledger, handle)) => {
-                            match schedule_alarm(&handle, name, delay_ms, &replica).await {
-                                Ok(due) => format!("scheduled {ledger} {due} {}", handle.epoch()),
+                            let asked = parse_alarms(alarms_asked);
+                            match schedule_alarms(&handle, asked, &replica).await {
+                                Ok(dues) => {
+                                    let dues: Vec<String> =
+                                        dues.iter().map(i64::to_string).collect();
+                                    format!(
+                                        "scheduled {ledger} {} {}",
+                                        handle.epoch(),
+                                        dues.join(",")
+                                    )
+                                }
                                 Err(e) => format!("unknown {ledger} {}", describe(&e)),
                             }
                         }

@@ -56,9 +56,9 @@ pub(crate) struct History {
     /// long the wait for them to drain took after the quiet phase (and whether they did).
     pub(crate) alarms: Vec<AlarmScheduling>,
     pub(crate) alarm_drain: Option<(Duration, bool)>,
-    /// Alarm schedulings that no replica asked could take (each answered `NotHeld`: it held
-    /// none of the shared ledgers, and sent nothing).
-    pub(crate) alarms_not_held: u32,
+    /// Alarms that no replica asked could schedule (each answered `NotHeld`: it held none of
+    /// the shared ledgers, and sent nothing).
+    pub(crate) alarms_not_held: usize,
     /// The alarm verdict's counts, once [`history_test`] checked them.
     pub(crate) alarm_verdict: Option<AlarmVerdict>,
 }
@@ -165,13 +165,13 @@ pub(crate) struct Faults<'a> {
     /// once it is stable again. Each replica's own ledger is named so that it is its home.
     pub(crate) placement: bool,
     /// Not a fault, a workload (`alarm_workload.rs`, G11): every replica fires alarms, and in
-    /// the fault phase 30 % of the picks schedule an alarm with a unique name, due −0.5–2 s from
-    /// the database's clock, on a shared ledger the picked replica holds or can open (the first
-    /// of them from a random one on; asked of the next replica while it can do neither; never on a
-    /// replica's own ledger, which another replica would then wake and keep from its owner);
-    /// half the kills land 0–12 ms
-    /// after such a command was sent. After the quiet phase the driver waits for the alarms to
-    /// drain, and [`history_test`] adds the alarm verdict ([`check_alarms`]).
+    /// the fault phase 30 % of the picks schedule one to three alarms with unique names in one
+    /// fenced transaction, each due −0.5–2 s from the database's clock, on a shared ledger the
+    /// picked replica holds or can open (the first of them from a random one on; asked of the
+    /// next replica while it can do neither; never on a replica's own ledger, which another
+    /// replica would then wake and keep from its owner); half the kills land 0–12 ms after
+    /// such a command was sent. After the quiet phase the driver waits for the alarms to drain,
+    /// and [`history_test`] adds the alarm verdict ([`check_alarms`]).
     pub(crate) alarms: bool,
 }
 
@@ -362,33 +362,42 @@ pub(crate) async fn run_history(
         }
         let dice = if faulting { (seed >> 16) % 100 } else { 99 };
         // The alarm workload's picks: the shared ledgers from a random one on (the child
-        // schedules on the first it holds), a delay of -500..2000 ms.
+        // schedules on the first it holds), one to three alarms, each due in -500..2000 ms.
         let first = ((seed >> 44) % ledgers.len() as u64) as usize;
         let alarm_ledgers: Vec<&str> = ledgers[first..]
             .iter()
             .chain(&ledgers[..first])
             .copied()
             .collect();
-        let alarm_delay = ((seed >> 48) % 2500) as i64 - 500;
+        let new_alarms = |seq: &mut i64| {
+            let mut bits = seed.rotate_left(23) ^ 0x2545_f491_4f6c_dd1d;
+            (0..1 + (seed >> 56) % 3)
+                .map(|_| {
+                    bits ^= bits << 13;
+                    bits ^= bits >> 7;
+                    bits ^= bits << 17;
+                    *seq += 1;
+                    (format!("alarm-{seq}"), (bits % 2500) as i64 - 500)
+                })
+                .collect::<Vec<(String, i64)>>()
+        };
         match dice {
             0..=2 if faults.alarms && (seed >> 58).is_multiple_of(2) => {
                 // A kill 0–12 ms after an alarm scheduling was sent: before, during or after
                 // its COMMIT. What the child answered before it died decides the outcome.
-                seq += 1;
-                let name = format!("alarm-{seq}");
-                children[c].send(&alarm_command(&name, alarm_delay, &alarm_ledgers));
+                let asked = new_alarms(&mut seq);
+                children[c].send(&alarm_command(&asked, &alarm_ledgers));
                 tokio::time::sleep(Duration::from_micros((seed >> 32) % 12_000)).await;
                 let old = std::mem::replace(&mut children[c], spawn(c));
                 let replies = old.kill_collecting_replies().await;
                 match AlarmScheduling::from_reply(
-                    &name,
+                    &asked,
                     names[c],
-                    alarm_delay,
                     replies.first().map(String::as_str),
                     true,
                 ) {
-                    Some(scheduling) => history.alarms.push(scheduling),
-                    None => history.alarms_not_held += 1,
+                    Some(schedulings) => history.alarms.extend(schedulings),
+                    None => history.alarms_not_held += asked.len(),
                 }
                 children[c].ready().await;
                 history.kills += 1;
@@ -459,8 +468,7 @@ pub(crate) async fn run_history(
                 }
             }
             29..=58 if faults.alarms => {
-                seq += 1;
-                let name = format!("alarm-{seq}");
+                let asked = new_alarms(&mut seq);
                 // Asked of the replicas in turn from the one picked (paused ones aside) until
                 // one holds a shared ledger, as a request goes round the fleet to an owner.
                 let mut scheduling = None;
@@ -470,22 +478,17 @@ pub(crate) async fn run_history(
                         continue;
                     }
                     let reply = children[d]
-                        .request(&alarm_command(&name, alarm_delay, &alarm_ledgers))
+                        .request(&alarm_command(&asked, &alarm_ledgers))
                         .await;
-                    scheduling = AlarmScheduling::from_reply(
-                        &name,
-                        names[d],
-                        alarm_delay,
-                        reply.as_deref(),
-                        false,
-                    );
+                    scheduling =
+                        AlarmScheduling::from_reply(&asked, names[d], reply.as_deref(), false);
                     if scheduling.is_some() {
                         break;
                     }
                 }
                 match scheduling {
-                    Some(scheduling) => history.alarms.push(scheduling),
-                    None => history.alarms_not_held += 1,
+                    Some(schedulings) => history.alarms.extend(schedulings),
+                    None => history.alarms_not_held += asked.len(),
                 }
             }
             8..=25 => {
