@@ -697,12 +697,6 @@ async fn alarms_move_with_a_handoff() {
 
 const CHILD: &str = "replica_child";
 
-/// The history runs of this file, one at a time: each has three replica processes and a server
-/// or two of its own, and the crash restarts' run, next to the failover's on a 2-core machine,
-/// went over the history's 10 s bound without an acknowledged write (the two restarts alone
-/// leave it 5–8 s). The other tests of the file run beside them.
-static ONE_HISTORY_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Entry point of the replica child processes (does nothing when run as a plain test).
 #[test]
 #[ignore = "entry point of the replica child processes"]
@@ -723,9 +717,12 @@ fn assert_alarms_exercised(history: &support::History) {
     );
 }
 
+/// The alarm workload under the faults of tests/takeover.rs's
+/// `history_checker_under_random_kills_pauses_and_terminations`: kills that respawn the same
+/// replica ids (half of them right after an alarm scheduling was sent), pauses past the ttl,
+/// terminated lease sessions and data connections.
 #[tokio::test]
 async fn alarms_fire_exactly_once_under_kills_pauses_and_terminations() {
-    let _alone = ONE_HISTORY_AT_A_TIME.lock().await;
     let (db, _client) = database().await;
     let ledgers = ["alarm-hist-a", "alarm-hist-b"];
     let names = ["alarm-hist-0", "alarm-hist-1", "alarm-hist-2"];
@@ -760,7 +757,6 @@ async fn alarms_fire_exactly_once_across_crash_restarts() {
         println!("skipped on Citus: the crash restarts need a server of the test's own");
         return;
     }
-    let _alone = ONE_HISTORY_AT_A_TIME.lock().await;
     let (cluster, db) = support::own_server().await;
     let ledgers = ["alarm-crash-a", "alarm-crash-b"];
     let names = ["alarm-crash-0", "alarm-crash-1", "alarm-crash-2"];
@@ -793,7 +789,6 @@ async fn alarms_fire_exactly_once_across_crash_restarts() {
 /// nothing acknowledged is lost with synchronous replication, so neither is an alarm.
 #[tokio::test]
 async fn alarms_fire_exactly_once_across_a_synchronous_failover() {
-    let _alone = ONE_HISTORY_AT_A_TIME.lock().await;
     let (pair, db) =
         support::pair_with_control_plane(pgtenant_testkit::Replication::Synchronous).await;
     let url = pair.url(&db);

@@ -201,7 +201,11 @@ pub(crate) struct AlarmEffect {
     pub(crate) ledger: String,
     pub(crate) name: String,
     pub(crate) alarm_id: i64,
+    /// The alarm's due time when it fired (microseconds since the epoch): the scheduled one at
+    /// the first attempt, the retry's after a failed attempt.
     pub(crate) due: i64,
+    /// When the handler wrote the row, by the database's clock (microseconds since the epoch).
+    pub(crate) fired_at: i64,
     /// `fired_at < due_at`, compared in the database.
     pub(crate) early: bool,
     pub(crate) late_ms: f64,
@@ -259,7 +263,7 @@ async fn read_state(client: &tokio_postgres::Client, ledgers: &[&str]) -> Option
                     &format!(
                         "SELECT name, alarm_id, due_at, fired_at < due_at,
                                 extract(epoch FROM fired_at - due_at)::float8 * 1000,
-                                attempt, replica
+                                attempt, replica, fired_at
                            FROM {quoted}.alarm_effects"
                     ),
                     &[],
@@ -276,6 +280,7 @@ async fn read_state(client: &tokio_postgres::Client, ledgers: &[&str]) -> Option
                     late_ms: row.get(4),
                     attempt: row.get(5),
                     replica: row.get(6),
+                    fired_at: micros(row.get(7)),
                 };
                 state
                     .effects
@@ -374,6 +379,8 @@ pub(crate) struct AlarmVerdict {
     pub(crate) unknown: usize,
     pub(crate) unknown_fired: usize,
     pub(crate) fired: usize,
+    /// Fired at a later attempt (an earlier one failed: a statement cut by a fault).
+    pub(crate) retried: usize,
     /// Fired by another replica than the one that scheduled it (after a takeover or a wake).
     pub(crate) elsewhere: usize,
     pub(crate) lost: Vec<String>,
@@ -393,9 +400,10 @@ fn percentile(sorted: &[f64], p: usize) -> f64 {
 
 /// The alarm verdict (G11), after the run (the replicas are gone, so nothing fires any more),
 /// through a superuser session on `url`: every acknowledged scheduling's alarm has exactly one
-/// effect row (none: lost; more: duplicated), on the ledger and with the due time it was
-/// scheduled with; an unknown one at most one; no effect row has `fired_at < due_at` (the
-/// database's clock); no alarm is left in any `pgtenant_alarms` (pending or parked); and every
+/// effect row (none: lost; more: duplicated), on the ledger and (at its first attempt) with the
+/// due time it was scheduled with; an unknown one at most one; no effect row has `fired_at <
+/// due_at`, nor an acknowledged alarm's `fired_at` before the due time it was scheduled with
+/// (both the database's clock); no alarm is left in any `pgtenant_alarms` (pending or parked); and every
 /// effect row belongs to a scheduling. Prints a one-line summary, then asserts.
 pub(crate) async fn check_alarms(history: &History, url: &str, ledgers: &[&str]) -> AlarmVerdict {
     let client = session(url).await.expect("a session for the alarm verdict");
@@ -435,14 +443,20 @@ pub(crate) async fn check_alarms(history: &History, url: &str, ledgers: &[&str])
                 if effects.is_empty() {
                     verdict.lost.push(what.clone());
                 }
+                // A retry moves the due time later; the first attempt fires at the scheduled
+                // one. Both times are the database's clock (its clock_timestamp() + delay at
+                // the scheduling, and at the handler's insert).
                 let ledger = scheduling.ledger.as_deref().unwrap_or_default();
-                if let Some(other) = effects
-                    .iter()
-                    .find(|effect| effect.due != due || effect.ledger != ledger)
-                {
+                let other = effects.iter().find(|effect| {
+                    effect.ledger != ledger
+                        || effect.due < due
+                        || (effect.attempt == 1 && effect.due != due)
+                });
+                if let Some(other) = other {
                     verdict.strange.push(format!(
-                        "{what}: fired on {} with due time {} µs, scheduled with {due} µs",
-                        other.ledger, other.due
+                        "{what}: fired on {} at attempt {} with due time {} µs, scheduled with \
+                         {due} µs",
+                        other.ledger, other.attempt, other.due
                     ));
                 }
             }
@@ -468,23 +482,34 @@ pub(crate) async fn check_alarms(history: &History, url: &str, ledgers: &[&str])
         }
         for effect in effects {
             verdict.fired += 1;
+            if effect.attempt > 1 {
+                verdict.retried += 1;
+            }
             if effect.replica != scheduling.replica {
                 verdict.elsewhere += 1;
             }
-            lateness.push(effect.late_ms);
+            // Lateness from the scheduled due time where known (a retry's delay included).
+            let late_ms = match scheduling.acked {
+                Some(due) => (effect.fired_at - due) as f64 / 1000.0,
+                None => effect.late_ms,
+            };
+            lateness.push(late_ms);
             latest.push((
-                effect.late_ms,
+                late_ms,
                 format!(
                     "{what}: fired by {} at attempt {}, at {:.3}",
                     effect.replica,
                     effect.attempt,
-                    (effect.due as f64 / 1e6) + effect.late_ms / 1000.0
+                    effect.fired_at as f64 / 1e6
                 ),
             ));
-            if effect.early {
+            // Before its due time as it fired, or (acknowledged) as it was scheduled.
+            let scheduled_due = scheduling.acked.unwrap_or(effect.due);
+            if effect.early || effect.fired_at < scheduled_due {
                 verdict.early.push(format!(
-                    "{what}: fired {:.1} ms before due",
-                    -effect.late_ms
+                    "{what}: fired at {} µs, due {} µs as it fired, {scheduled_due} µs as \
+                     scheduled",
+                    effect.fired_at, effect.due
                 ));
             }
         }
@@ -525,16 +550,17 @@ pub(crate) async fn check_alarms(history: &History, url: &str, ledgers: &[&str])
     }
     let (drain, drained) = history.alarm_drain.unwrap_or_default();
     println!(
-        "alarms: scheduled={} acked={} unknown={} (fired {}) not_held={} fired={} (elsewhere \
-         {}) lost={} duplicated={} early={} left={} lateness_ms p50={:.0} p99={:.0} max={:.0}; \
-         drained={drained} in {drain:?}; faults: kills={} (right after a scheduling {}) \
-         pauses={} terminations={} restarts={} failovers={}",
+        "alarms: scheduled={} acked={} unknown={} (fired {}) not_held={} fired={} (retried {}, \
+         elsewhere {}) lost={} duplicated={} early={} left={} lateness_ms p50={:.0} p99={:.0} \
+         max={:.0}; drained={drained} in {drain:?}; faults: kills={} (right after a \
+         scheduling {}) pauses={} terminations={} restarts={} failovers={}",
         verdict.scheduled,
         verdict.acked,
         verdict.unknown,
         verdict.unknown_fired,
         history.alarms_not_held,
         verdict.fired,
+        verdict.retried,
         verdict.elsewhere,
         verdict.lost.len(),
         verdict.duplicated.len(),

@@ -186,9 +186,9 @@ impl Drop for ReplicaProcess {
 /// alarms, `open` also creates the effects table, and `alarm <name>=<delay_ms>[,…] <ledger>…`
 /// schedules those alarms in one transaction, each due its delay after the database's clock, on
 /// the first of the ledgers this replica holds, or else on the first one if it can open it (→
-/// `scheduled <ledger> <epoch> <due µs>[,…]`; `unknown <ledger> error …` when it failed, perhaps in its COMMIT; `error
-/// NotHeld` when it holds none of them and could not open the first, and nothing was
-/// scheduled). Other failures answer `error <Variant> <message>`.
+/// `scheduled <ledger> <epoch> <due µs>[,…]`; `unknown <ledger> error …` when it failed,
+/// perhaps in its COMMIT; `error NotHeld` when it holds none of them and could not open the
+/// first, and nothing was scheduled). Other failures answer `error <Variant> <message>`.
 pub(crate) fn child_main() {
     let Ok(url) = std::env::var("PGTENANT_CHILD_URL") else {
         return; // run as an ordinary (ignored) test: nothing to do

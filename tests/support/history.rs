@@ -165,13 +165,14 @@ pub(crate) struct Faults<'a> {
     /// once it is stable again. Each replica's own ledger is named so that it is its home.
     pub(crate) placement: bool,
     /// Not a fault, a workload (`alarm_workload.rs`, G11): every replica fires alarms, and in
-    /// the fault phase 30 % of the picks schedule one to three alarms with unique names in one
-    /// fenced transaction, each due −0.5–2 s from the database's clock, on a shared ledger the
-    /// picked replica holds or can open (the first of them from a random one on; asked of the
-    /// next replica while it can do neither; never on a replica's own ledger, which another
-    /// replica would then wake and keep from its owner); half the kills land 0–12 ms after
-    /// such a command was sent. After the quiet phase the driver waits for the alarms to drain,
-    /// and [`history_test`] adds the alarm verdict ([`check_alarms`]).
+    /// a fifth of the fault phase's turns (besides the turn's own pick, so the mix of faults,
+    /// opens and writes stays the history's) the driver schedules one to three alarms with
+    /// unique names in one fenced transaction, each due −0.5–2 s from the database's clock, on
+    /// a shared ledger the picked replica holds or can open (the first of them from a random
+    /// one on; asked of the next replica while it can do neither; never on a replica's own
+    /// ledger, which another replica would then wake and keep from its owner); half the kills
+    /// land 0–12 ms after such a command was sent. After the quiet phase the driver waits for
+    /// the alarms to drain, and [`history_test`] adds the alarm verdict ([`check_alarms`]).
     pub(crate) alarms: bool,
 }
 
@@ -371,7 +372,10 @@ pub(crate) async fn run_history(
             .collect();
         let new_alarms = |seq: &mut i64| {
             let mut bits = seed.rotate_left(23) ^ 0x2545_f491_4f6c_dd1d;
-            (0..1 + (seed >> 56) % 3)
+            bits ^= bits << 13;
+            bits ^= bits >> 7;
+            bits ^= bits << 17;
+            (0..1 + bits % 3)
                 .map(|_| {
                     bits ^= bits << 13;
                     bits ^= bits >> 7;
@@ -381,6 +385,31 @@ pub(crate) async fn run_history(
                 })
                 .collect::<Vec<(String, i64)>>()
         };
+        // Alarm schedulings ride along in a fifth of the fault phase's turns, besides the
+        // turn's own pick (the mix of faults, opens and writes stays the history's).
+        if faults.alarms && faulting && (seed >> 59).is_multiple_of(5) {
+            let asked = new_alarms(&mut seq);
+            // Asked of the replicas in turn from the one picked (paused ones aside) until one
+            // holds a shared ledger, as a request goes round the fleet to an owner.
+            let mut scheduling = None;
+            for k in 0..names.len() {
+                let d = (c + k) % names.len();
+                if paused_until[d].is_some() {
+                    continue;
+                }
+                let reply = children[d]
+                    .request(&alarm_command(&asked, &alarm_ledgers))
+                    .await;
+                scheduling = AlarmScheduling::from_reply(&asked, names[d], reply.as_deref(), false);
+                if scheduling.is_some() {
+                    break;
+                }
+            }
+            match scheduling {
+                Some(schedulings) => history.alarms.extend(schedulings),
+                None => history.alarms_not_held += asked.len(),
+            }
+        }
         match dice {
             0..=2 if faults.alarms && (seed >> 58).is_multiple_of(2) => {
                 // A kill 0–12 ms after an alarm scheduling was sent: before, during or after
@@ -465,30 +494,6 @@ pub(crate) async fn run_history(
                     partitions
                         .cut(c, child, &own[c], seq, seed, &mut history)
                         .await;
-                }
-            }
-            29..=58 if faults.alarms => {
-                let asked = new_alarms(&mut seq);
-                // Asked of the replicas in turn from the one picked (paused ones aside) until
-                // one holds a shared ledger, as a request goes round the fleet to an owner.
-                let mut scheduling = None;
-                for k in 0..names.len() {
-                    let d = (c + k) % names.len();
-                    if paused_until[d].is_some() {
-                        continue;
-                    }
-                    let reply = children[d]
-                        .request(&alarm_command(&asked, &alarm_ledgers))
-                        .await;
-                    scheduling =
-                        AlarmScheduling::from_reply(&asked, names[d], reply.as_deref(), false);
-                    if scheduling.is_some() {
-                        break;
-                    }
-                }
-                match scheduling {
-                    Some(schedulings) => history.alarms.extend(schedulings),
-                    None => history.alarms_not_held += asked.len(),
                 }
             }
             8..=25 => {
