@@ -1,8 +1,8 @@
 //! The history driver's alarm workload (issue #31, DESIGN G11), off unless [`Faults::alarms`]:
 //! the replica children fire alarms with a handler that writes one effect row per committed
 //! firing ([`with_alarm_handler`]), the driver asks them during the fault phase to schedule
-//! one to three alarms with unique names in a fenced transaction ([`schedule_alarms`]) and records which
-//! schedulings were acknowledged and which have an unknown outcome ([`AlarmScheduling`]); after
+//! one to three alarms with unique names in a fenced transaction ([`schedule_alarms`]) and
+//! records which were acknowledged and which have an unknown outcome ([`AlarmScheduling`]); after
 //! the quiet phase it waits for the alarms to drain ([`drain_alarms`]), and the verdict
 //! ([`check_alarms`]) reads every shared ledger's effects and alarms back: each acknowledged
 //! alarm's effect committed exactly once, an unknown one's at most once, none before it was
