@@ -1029,3 +1029,137 @@ async fn alarms_move_with_a_handoff() {
     to.close().await;
     from.close().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Alarms in the history driver (issue #31, "Tests"): real replica processes fire alarms while
+// they are killed (some 0–12 ms after a scheduling was sent), paused past the ttl, their sessions
+// terminated, the server crash-restarted or failed over (`support::Faults::alarms`,
+// tests/support/alarm_workload.rs). Each run then waits for the alarms to drain and checks: every
+// acknowledged alarm's effect row committed exactly once, an unknown scheduling's at most once,
+// none before it was due by the database's clock, none left in `pgtenant_alarms`; besides the
+// history's own liveness and ledger verdicts. The faults and fixtures are tests/takeover.rs's
+// and tests/failover.rs's history tests', with the alarm workload on.
+// ---------------------------------------------------------------------------------------------
+
+const CHILD: &str = "replica_child";
+
+/// Entry point of the replica child processes (does nothing when run as a plain test).
+#[test]
+#[ignore = "entry point of the replica child processes"]
+fn replica_child() {
+    support::child_main();
+}
+
+/// Asserts that a history run with alarms exercised them: acknowledged schedulings, and alarms
+/// fired by another replica than the one that scheduled them (after a takeover or a wake).
+fn assert_alarms_exercised(history: &support::History) {
+    let verdict = history.alarm_verdict.as_ref().expect("the alarm verdict");
+    assert!(
+        verdict.acked >= 5 && verdict.elsewhere >= 1,
+        "the run acknowledged {} alarm schedulings of {}, {} fired by another replica",
+        verdict.acked,
+        verdict.scheduled,
+        verdict.elsewhere
+    );
+}
+
+/// The alarm workload under the faults of tests/takeover.rs's
+/// `history_checker_under_random_kills_pauses_and_terminations`: kills that respawn the same
+/// replica ids (half of them right after an alarm scheduling was sent), pauses past the ttl,
+/// terminated lease sessions and data connections.
+#[tokio::test]
+async fn alarms_fire_exactly_once_under_kills_pauses_and_terminations() {
+    let (db, _client) = database().await;
+    let ledgers = ["alarm-hist-a", "alarm-hist-b"];
+    let names = ["alarm-hist-0", "alarm-hist-1", "alarm-hist-2"];
+    let faults = support::Faults {
+        terminate: true,
+        alarms: true,
+        ..support::Faults::default()
+    };
+    let seed = 0x9e37_79b9_7f4a_7c15;
+    let (history, total) = support::history_test(
+        CHILD,
+        db.url(),
+        &names,
+        &ledgers,
+        seed,
+        &faults,
+        "alarm-hist-checker",
+    )
+    .await;
+    assert!(
+        total > 0 && history.kills > 0 && history.pauses > 0 && history.terminations > 0,
+        "the run exercised writes and faults"
+    );
+    assert_alarms_exercised(&history);
+}
+
+/// The same under two crash restarts of the server (`-m immediate`), as
+/// tests/takeover.rs's `history_checker_across_crash_restarts`.
+#[tokio::test]
+async fn alarms_fire_exactly_once_across_crash_restarts() {
+    if std::env::var("PGTENANT_TESTKIT").as_deref() == Ok("citus") {
+        println!("skipped on Citus: the crash restarts need a server of the test's own");
+        return;
+    }
+    let (cluster, db) = support::own_server().await;
+    let ledgers = ["alarm-crash-a", "alarm-crash-b"];
+    let names = ["alarm-crash-0", "alarm-crash-1", "alarm-crash-2"];
+    let faults = support::Faults {
+        terminate: true,
+        restarts: Some(&cluster),
+        alarms: true,
+        ..support::Faults::default()
+    };
+    let seed = 0x2545_f491_4f6c_dd1d;
+    let (history, total) = support::history_test(
+        CHILD,
+        db.url(),
+        &names,
+        &ledgers,
+        seed,
+        &faults,
+        "alarm-crash-checker",
+    )
+    .await;
+    assert!(
+        total > 0 && history.restarts == 2,
+        "the run exercised writes and restarts"
+    );
+    assert_alarms_exercised(&history);
+}
+
+/// The same across a synchronous failover halfway through the fault phase, as
+/// tests/failover.rs's `the_fleet_serves_again_after_a_synchronous_failover_under_faults`:
+/// nothing acknowledged is lost with synchronous replication, so neither is an alarm.
+#[tokio::test]
+async fn alarms_fire_exactly_once_across_a_synchronous_failover() {
+    let (pair, db) =
+        support::pair_with_control_plane(pgtenant_testkit::Replication::Synchronous).await;
+    let url = pair.url(&db);
+    let names = ["alarm-fo-0", "alarm-fo-1", "alarm-fo-2"];
+    let ledgers = ["alarm-fo-a", "alarm-fo-b"];
+    let faults = support::Faults {
+        terminate: true,
+        failover: Some(&pair),
+        alarms: true,
+        ..support::Faults::default()
+    };
+    let seed = 0x9e37_79b9_7f4a_7c15;
+    let (history, total) = support::history_test(
+        CHILD,
+        &url,
+        &names,
+        &ledgers,
+        seed,
+        &faults,
+        "alarm-fo-checker",
+    )
+    .await;
+    assert!(
+        total > 0 && history.failovers == 1,
+        "the run exercised writes and the failover"
+    );
+    assert_alarms_exercised(&history);
+}

@@ -21,10 +21,11 @@ use std::time::{Duration, Instant};
 use pgtenant::{Error, Router, TenantHandle, TenantId};
 use pgtenant_testkit::{Replication, StandbyPair};
 use support::{
-    append, connect, create_log, options, register_by_hand, sqlstate, tenant, ReplicaProcess,
+    append, connect, create_log, options, pair_with_control_plane, register_by_hand, sqlstate,
+    tenant, ReplicaProcess,
 };
 use tokio::sync::watch;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 const CHILD: &str = "replica_child";
 
@@ -61,23 +62,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A pair with a database and pgtenant's control plane on it, replicated to the standby.
-async fn pair_with_control_plane(mode: Replication) -> (StandbyPair, String) {
-    let pair = StandbyPair::start(mode).await.expect("primary and standby");
-    let db = pair.create_database().await.expect("database");
-    let (mut client, connection) = tokio_postgres::connect(&pair.primary_url(&db), NoTls)
-        .await
-        .expect("connect to the primary");
-    let driver = tokio::spawn(connection);
-    pgtenant::setup(&mut client).await.expect("setup");
-    drop(client);
-    let _ = driver.await;
-    pair.wait_for_standby()
-        .await
-        .expect("the standby has the control plane");
-    (pair, db)
 }
 
 /// A child replica writing to its ledgers in turn as fast as it is answered, until `stop`;

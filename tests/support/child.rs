@@ -9,8 +9,11 @@ use std::time::Duration;
 use pgtenant::TenantHandle;
 use tokio::sync::{mpsc, oneshot};
 
+use super::alarm_workload::{
+    alarms_on, parse_alarms, schedule_alarms, try_create_effects, with_alarm_handler,
+};
 use super::log::{append, try_create_stamped_log, APPEND_SQL};
-use super::routers::{join_all, router, tenant};
+use super::routers::{join_all, options, router, tenant};
 
 /// The test binary itself, re-run with one ignored test as entry point: a real, separate
 /// replica process the test can kill, pause and resume.
@@ -139,6 +142,20 @@ impl ReplicaProcess {
         let _ = self.child.wait();
     }
 
+    /// Kills the process and returns every reply it had written before it died: its stdout
+    /// reaches end of file at its death, which ends the reader's channel.
+    pub(crate) async fn kill_collecting_replies(mut self) -> Vec<String> {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+        let mut replies = Vec::new();
+        while let Ok(Some(line)) =
+            tokio::time::timeout(Duration::from_secs(10), self.lines.recv()).await
+        {
+            replies.push(line);
+        }
+        replies
+    }
+
     pub(crate) fn pause(&self) {
         self.signal("-STOP");
     }
@@ -164,8 +181,14 @@ impl Drop for ReplicaProcess {
 /// of a large result consumed slowly (→ `streaming` once the first row arrived), and
 /// `copy <ledger>` a `COPY FROM STDIN` that sends one row and never finishes (→ `copying`),
 /// both left running, so that a pause of this process leaves a backend blocked sending
-/// (`ClientWrite`) or reading (`ClientRead`) inside a fenced transaction. Failures answer
-/// `error <Variant> <message>`.
+/// (`ClientWrite`) or reading (`ClientRead`) inside a fenced transaction; with
+/// `PGTENANT_TEST_ALARMS=1` (the history's alarm workload, `alarm_workload.rs`) the router fires
+/// alarms, `open` also creates the effects table, and `alarm <name>=<delay_ms>[,…] <ledger>…`
+/// schedules those alarms in one transaction, each due its delay after the database's clock, on
+/// the first of the ledgers this replica holds, or else on the first one if it can open it (→
+/// `scheduled <ledger> <epoch> <due µs>[,…]`; `unknown <ledger> error …` when it failed,
+/// perhaps in its COMMIT; `error NotHeld` when it holds none of them and could not open the
+/// first, and nothing was scheduled). Other failures answer `error <Variant> <message>`.
 pub(crate) fn child_main() {
     let Ok(url) = std::env::var("PGTENANT_CHILD_URL") else {
         return; // run as an ordinary (ignored) test: nothing to do
@@ -173,7 +196,14 @@ pub(crate) fn child_main() {
     let replica = std::env::var("PGTENANT_CHILD_REPLICA").expect("replica id");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async move {
-        let router = router(&url, &replica).await;
+        let alarms = alarms_on();
+        let router = if alarms {
+            pgtenant::Router::start(with_alarm_handler(options(&url, &replica), &replica))
+                .await
+                .expect("router starts")
+        } else {
+            router(&url, &replica).await
+        };
         say(&format!(
             "ready {}",
             router.incarnation().map_or(0, |i| i.get())
@@ -184,7 +214,7 @@ pub(crate) fn child_main() {
             let words: Vec<&str> = line.split_whitespace().collect();
             let reply = match words.as_slice() {
                 ["open", ledger] => match router.open_or_create(&tenant(ledger)).await {
-                    Ok(handle) => match try_create_stamped_log(&handle).await {
+                    Ok(handle) => match create_tables(&handle, alarms).await {
                         Ok(()) => {
                             let epoch = handle.epoch();
                             handles.insert(ledger.to_string(), handle);
@@ -202,6 +232,43 @@ pub(crate) fn child_main() {
                     },
                     None => "error NotOpen".to_owned(),
                 },
+                ["alarm", alarms_asked, ledgers @ ..] => {
+                    // The first of the ledgers this replica holds now (opened by a command or
+                    // woken by an alarm), as an application routes work to the owner.
+                    let mut held = ledgers.iter().find_map(|ledger| {
+                        router
+                            .handle_of(&tenant(ledger))
+                            .filter(TenantHandle::is_serving)
+                            .map(|handle| (ledger, handle))
+                    });
+                    // Holding none: the first one, if nobody else holds it (its table is
+                    // made sure of as by `open`).
+                    if let (None, Some(first)) = (&held, ledgers.first()) {
+                        if let Ok(handle) = router.open_or_create(&tenant(first)).await {
+                            if create_tables(&handle, alarms).await.is_ok() {
+                                held = Some((first, handle));
+                            }
+                        }
+                    }
+                    match held {
+                        Some((ledger, handle)) => {
+                            let asked = parse_alarms(alarms_asked);
+                            match schedule_alarms(&handle, asked, &replica).await {
+                                Ok(dues) => {
+                                    let dues: Vec<String> =
+                                        dues.iter().map(i64::to_string).collect();
+                                    format!(
+                                        "scheduled {ledger} {} {}",
+                                        handle.epoch(),
+                                        dues.join(",")
+                                    )
+                                }
+                                Err(e) => format!("unknown {ledger} {}", describe(&e)),
+                            }
+                        }
+                        None => "error NotHeld".to_owned(),
+                    }
+                }
                 ["hold", ledger, seq, millis] => match handles.get(*ledger) {
                     Some(handle) => {
                         let (seq, millis): (i64, f64) =
@@ -281,6 +348,15 @@ pub(crate) fn child_main() {
             say(&reply);
         }
     });
+}
+
+/// The tables a child's `open` makes sure of: the stamped log, and with alarms the effects.
+async fn create_tables(handle: &TenantHandle, alarms: bool) -> pgtenant::Result<()> {
+    try_create_stamped_log(handle).await?;
+    if alarms {
+        try_create_effects(handle).await?;
+    }
+    Ok(())
 }
 
 /// A large result read in a fenced read-write transaction (one that holds the tenant's fence),

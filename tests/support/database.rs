@@ -1,7 +1,7 @@
 //! Fresh databases and servers: a database with the control plane set up (as the superuser,
 //! or with an application and an operator role granted), a throwaway server of the test's
-//! own, the control plane exactly as an old release left it, and the `postgres` user that runs
-//! the test kit's servers.
+//! own, a primary with a standby, the control plane exactly as an old release left it, and the
+//! `postgres` user that runs the test kit's servers.
 
 use pgtenant_testkit::TestDatabase;
 
@@ -149,6 +149,31 @@ pub(crate) async fn own_server() -> (pgtenant_testkit::LocalCluster, TestDatabas
     let mut client = db.connect().await.expect("connect");
     pgtenant::setup(&mut client).await.expect("setup");
     (cluster, db)
+}
+
+/// A primary with a streaming standby (the test kit's [`StandbyPair`]), with a database and
+/// pgtenant's control plane on it, replicated to the standby; and the database's name.
+///
+/// [`StandbyPair`]: pgtenant_testkit::StandbyPair
+pub(crate) async fn pair_with_control_plane(
+    mode: pgtenant_testkit::Replication,
+) -> (pgtenant_testkit::StandbyPair, String) {
+    let pair = pgtenant_testkit::StandbyPair::start(mode)
+        .await
+        .expect("primary and standby");
+    let db = pair.create_database().await.expect("database");
+    let (mut client, connection) =
+        tokio_postgres::connect(&pair.primary_url(&db), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the primary");
+    let driver = tokio::spawn(connection);
+    pgtenant::setup(&mut client).await.expect("setup");
+    drop(client);
+    let _ = driver.await;
+    pair.wait_for_standby()
+        .await
+        .expect("the standby has the control plane");
+    (pair, db)
 }
 
 /// The uid and gid of the `postgres` user, which runs the test kit's servers and PgBouncer

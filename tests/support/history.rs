@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use pgtenant::TenantHandle;
 
+use super::alarm_workload::{
+    alarm_command, check_alarms, drain_alarms, AlarmScheduling, AlarmVerdict, ALARMS_ENV,
+};
 use super::child::ReplicaProcess;
 use super::log::log_rows;
 use super::netns;
@@ -49,6 +52,15 @@ pub(crate) struct History {
     pub(crate) views_read: u32,
     /// Where `lease_status` and `replica_status` told different stories, read after read.
     pub(crate) disagreements: Vec<String>,
+    /// With [`Faults::alarms`]: every alarm scheduling the driver asked for, in order, and how
+    /// long the wait for them to drain took after the quiet phase (and whether they did).
+    pub(crate) alarms: Vec<AlarmScheduling>,
+    pub(crate) alarm_drain: Option<(Duration, bool)>,
+    /// Alarms that no replica asked could schedule (each answered `NotHeld`: it held none of
+    /// the shared ledgers, and sent nothing).
+    pub(crate) alarms_not_held: usize,
+    /// The alarm verdict's counts, once [`history_test`] checked them.
+    pub(crate) alarm_verdict: Option<AlarmVerdict>,
 }
 
 /// Where `lease_status`, `replica_status` and the fleet's counts tell different stories
@@ -152,6 +164,16 @@ pub(crate) struct Faults<'a> {
     /// homes, takes over a killed replica's tenants at their next homes, and moves them back
     /// once it is stable again. Each replica's own ledger is named so that it is its home.
     pub(crate) placement: bool,
+    /// Not a fault, a workload (`alarm_workload.rs`, G11): every replica fires alarms, and in
+    /// a fifth of the fault phase's turns (besides the turn's own pick, so the mix of faults,
+    /// opens and writes stays the history's) the driver schedules one to three alarms with
+    /// unique names in one fenced transaction, each due −0.5–2 s from the database's clock, on
+    /// a shared ledger the picked replica holds or can open (the first of them from a random
+    /// one on; asked of the next replica while it can do neither; never on a replica's own
+    /// ledger, which another replica would then wake and keep from its owner); half the kills
+    /// land 0–12 ms after such a command was sent. After the quiet phase the driver waits for
+    /// the alarms to drain, and [`history_test`] adds the alarm verdict ([`check_alarms`]).
+    pub(crate) alarms: bool,
 }
 
 /// How long a history run injects faults, and how long it goes on without any: the quiet part
@@ -229,10 +251,21 @@ pub(crate) async fn run_history(
     mut seed: u64,
     faults: &Faults<'_>,
 ) -> History {
+    assert!(
+        !(faults.alarms && faults.partitions.is_some()),
+        "the alarm workload does not run in network namespaces"
+    );
     let spawn = |c: usize| match faults.partitions {
         Some(partitions) => partitions.spawn(child, c, names[c]),
-        None if faults.placement => {
-            ReplicaProcess::spawn_with(child, url, names[c], &[("PGTENANT_TEST_PLACEMENT", "300")])
+        None if faults.placement || faults.alarms => {
+            let mut env = Vec::new();
+            if faults.placement {
+                env.push(("PGTENANT_TEST_PLACEMENT", "300"));
+            }
+            if faults.alarms {
+                env.push((ALARMS_ENV, "1"));
+            }
+            ReplicaProcess::spawn_with(child, url, names[c], &env)
         }
         None => ReplicaProcess::spawn(child, url, names[c]),
     };
@@ -329,7 +362,76 @@ pub(crate) async fn run_history(
             }
         }
         let dice = if faulting { (seed >> 16) % 100 } else { 99 };
+        // The alarm workload's picks: the shared ledgers from a random one on (the child
+        // schedules on the first it holds), one to three alarms, each due in -500..2000 ms.
+        let first = ((seed >> 44) % ledgers.len() as u64) as usize;
+        let alarm_ledgers: Vec<&str> = ledgers[first..]
+            .iter()
+            .chain(&ledgers[..first])
+            .copied()
+            .collect();
+        let new_alarms = |seq: &mut i64| {
+            let mut bits = seed.rotate_left(23) ^ 0x2545_f491_4f6c_dd1d;
+            bits ^= bits << 13;
+            bits ^= bits >> 7;
+            bits ^= bits << 17;
+            (0..1 + bits % 3)
+                .map(|_| {
+                    bits ^= bits << 13;
+                    bits ^= bits >> 7;
+                    bits ^= bits << 17;
+                    *seq += 1;
+                    (format!("alarm-{seq}"), (bits % 2500) as i64 - 500)
+                })
+                .collect::<Vec<(String, i64)>>()
+        };
+        // Alarm schedulings ride along in a fifth of the fault phase's turns, besides the
+        // turn's own pick (the mix of faults, opens and writes stays the history's).
+        if faults.alarms && faulting && (seed >> 59).is_multiple_of(5) {
+            let asked = new_alarms(&mut seq);
+            // Asked of the replicas in turn from the one picked (paused ones aside) until one
+            // holds a shared ledger, as a request goes round the fleet to an owner.
+            let mut scheduling = None;
+            for k in 0..names.len() {
+                let d = (c + k) % names.len();
+                if paused_until[d].is_some() {
+                    continue;
+                }
+                let reply = children[d]
+                    .request(&alarm_command(&asked, &alarm_ledgers))
+                    .await;
+                scheduling = AlarmScheduling::from_reply(&asked, names[d], reply.as_deref(), false);
+                if scheduling.is_some() {
+                    break;
+                }
+            }
+            match scheduling {
+                Some(schedulings) => history.alarms.extend(schedulings),
+                None => history.alarms_not_held += asked.len(),
+            }
+        }
         match dice {
+            0..=2 if faults.alarms && (seed >> 58).is_multiple_of(2) => {
+                // A kill 0–12 ms after an alarm scheduling was sent: before, during or after
+                // its COMMIT. What the child answered before it died decides the outcome.
+                let asked = new_alarms(&mut seq);
+                children[c].send(&alarm_command(&asked, &alarm_ledgers));
+                tokio::time::sleep(Duration::from_micros((seed >> 32) % 12_000)).await;
+                let old = std::mem::replace(&mut children[c], spawn(c));
+                let replies = old.kill_collecting_replies().await;
+                match AlarmScheduling::from_reply(
+                    &asked,
+                    names[c],
+                    replies.first().map(String::as_str),
+                    true,
+                ) {
+                    Some(schedulings) => history.alarms.extend(schedulings),
+                    None => history.alarms_not_held += asked.len(),
+                }
+                children[c].ready().await;
+                history.kills += 1;
+                faults_ended = std::time::Instant::now();
+            }
             0..=2 => {
                 let old = std::mem::replace(&mut children[c], spawn(c));
                 old.kill();
@@ -478,6 +580,10 @@ pub(crate) async fn run_history(
     history.started = Some(started);
     history.faults_ended = Some(faults_ended);
     history.ended = Some(std::time::Instant::now());
+    if faults.alarms {
+        // The replicas still run (and fire); they are stopped when `children` is dropped.
+        history.alarm_drain = Some(drain_alarms(url, &history, ledgers).await);
+    }
     history
 }
 
@@ -612,7 +718,8 @@ pub(crate) async fn check_all(
 
 /// A whole history test: [`run_history`] with `faults`, then both halves of the verdict,
 /// liveness ([`History::assert_live`]) and safety ([`check_all`], through a checker replica
-/// named `checker`). Returns the history and how many writes were acknowledged.
+/// named `checker`), and with [`Faults::alarms`] the alarm verdict ([`check_alarms`]). Returns
+/// the history and how many writes were acknowledged.
 pub(crate) async fn history_test(
     child: &str,
     url: &str,
@@ -622,10 +729,13 @@ pub(crate) async fn history_test(
     faults: &Faults<'_>,
     checker: &str,
 ) -> (History, usize) {
-    let history = run_history(child, url, names, ledgers, seed, faults).await;
+    let mut history = run_history(child, url, names, ledgers, seed, faults).await;
     history.assert_views_agreed();
     history.assert_live(names, ledgers);
     let total = check_all(&history, url, checker, names, ledgers).await;
+    if faults.alarms {
+        history.alarm_verdict = Some(check_alarms(&history, url, ledgers).await);
+    }
     (history, total)
 }
 

@@ -9,9 +9,11 @@
 //! - [`takeover`]: taking a tenant over, and the bound for serving again;
 //! - [`events`]: waiting for a router's events about one tenant;
 //! - [`history`]: the history harness under faults and its verdict;
+//! - [`alarm_workload`]: the history's alarm workload and its verdict (G11);
 //! - [`netns`]: replicas in network namespaces and silent partitions.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub(crate) mod alarm_workload;
 pub(crate) mod by_hand;
 pub(crate) mod child;
 pub(crate) mod database;
@@ -24,5 +26,6 @@ pub(crate) mod takeover;
 
 #[allow(unused_imports)] // likewise for the re-exports
 pub(crate) use {
-    by_hand::*, child::*, database::*, events::*, history::*, log::*, routers::*, takeover::*,
+    alarm_workload::*, by_hand::*, child::*, database::*, events::*, history::*, log::*,
+    routers::*, takeover::*,
 };
