@@ -37,7 +37,7 @@
 //! One error type, `ApiError`, with one conversion from pgtenant (`From<pgtenant::Error>`):
 //! every pgtenant call returns [`pgtenant::Error`], the statements run through a handle too.
 //!
-//! A **recurring entry** (a subscription fee, say) is a tenant alarm ([`Tx::schedule_alarm`],
+//! A **recurring entry** (a subscription fee, say) is a tenant alarm ([`pgtenant::Tx::schedule_alarm`],
 //! issue #31): `PUT …/recurring/{name}` schedules alarm `recurring:{name}`, and the router's
 //! alarm handler ([`router_options`]) adds the entry and schedules the next one, in one fenced
 //! transaction of the tenant that also deletes the alarm that fired: each period's entry
