@@ -164,29 +164,56 @@ async fn schedule_all(
             if mine.is_empty() {
                 return;
             }
-            loop {
+            retrying("schedule", || {
                 let mine = mine.clone();
-                let scheduled = handles[i]
-                    .run(move |tx| {
-                        Box::pin(async move {
-                            for (name, due) in &mine {
-                                tx.schedule_alarm(name, *due, &()).await?;
-                            }
-                            Ok::<_, pgtenant::Error>(())
-                        })
+                handles[i].run(move |tx| {
+                    Box::pin(async move {
+                        for (name, due) in &mine {
+                            tx.schedule_alarm(name, *due, &()).await?;
+                        }
+                        Ok::<_, pgtenant::Error>(())
                     })
-                    .await;
-                match scheduled {
-                    Ok(()) => break,
-                    Err(error) if error.is_retryable() => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(error) => panic!("schedule: {error}"),
-                }
-            }
+                })
+            })
+            .await;
         }
     })
     .await;
+}
+
+/// Runs `attempt` until it succeeds, again after 20 ms while its error is retryable (the pool
+/// busy, a lease being renewed); any other error ends the benchmark, saying `what` failed.
+async fn retrying<F, Fut>(what: &str, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = pgtenant::Result<()>>,
+{
+    loop {
+        match attempt().await {
+            Ok(()) => return,
+            Err(error) if error.is_retryable() => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
+/// The due-tenant read every replica makes each second, median of 20, in ms.
+async fn due_read_ms(admin: &tokio_postgres::Client) -> f64 {
+    let mut took = Vec::new();
+    for _ in 0..20 {
+        let at = Instant::now();
+        admin
+            .query(
+                "SELECT * FROM pgtenant.due_alarms('alarms-bench', 2000, 1000, false)",
+                &[],
+            )
+            .await
+            .expect("due_alarms");
+        took.push(at.elapsed().as_secs_f64() * 1000.0);
+    }
+    median(&took)
 }
 
 /// Waits until `fired` reaches `target`, up to `limit`; whether it did.
@@ -350,19 +377,7 @@ async fn run(
         LEAD.as_secs_f64()
     );
     // The due-tenant read with every tenant hinted, each replica's poll.
-    let mut due_read_ms = Vec::new();
-    for _ in 0..20 {
-        let at = Instant::now();
-        admin
-            .query(
-                "SELECT * FROM pgtenant.due_alarms('alarms-bench', 2000, 1000, false)",
-                &[],
-            )
-            .await
-            .expect("due_alarms");
-        due_read_ms.push(at.elapsed().as_secs_f64() * 1000.0);
-    }
-    let due_read_ms = median(&due_read_ms);
+    let due_read_ms = due_read_ms(&admin).await;
     let window_end =
         Instant::now() + start.duration_since(SystemTime::now()).unwrap_or_default() + window;
     let spread_done = wait_fired(
@@ -724,58 +739,39 @@ async fn scale_phase(
             let handles = handles.clone();
             let n = i64::try_from(total / tenants + usize::from(i < total % tenants)).unwrap_or(0);
             async move {
-                loop {
-                    let inserted = handles[i]
-                        .run(move |tx| {
-                            Box::pin(async move {
-                                tx.execute(
-                                    "INSERT INTO pgtenant_alarms (name, due_at, payload)
+                retrying("insert", || {
+                    handles[i].run(move |tx| {
+                        Box::pin(async move {
+                            tx.execute(
+                                "INSERT INTO pgtenant_alarms (name, due_at, payload)
                                      SELECT 'far-' || g, now() + interval '1 hour'
                                                          + g * interval '1 millisecond', 'null'
                                        FROM generate_series(1, $1::int8) g",
-                                    &[&n],
-                                )
-                                .await?;
-                                // Through the API once, so the hint counts them.
-                                tx.schedule_alarm(
-                                    "far-0",
-                                    SystemTime::now() + Duration::from_secs(3600),
-                                    &(),
-                                )
-                                .await?;
-                                Ok::<_, pgtenant::Error>(())
-                            })
+                                &[&n],
+                            )
+                            .await?;
+                            // Through the API once, so the hint counts them.
+                            tx.schedule_alarm(
+                                "far-0",
+                                SystemTime::now() + Duration::from_secs(3600),
+                                &(),
+                            )
+                            .await?;
+                            Ok::<_, pgtenant::Error>(())
                         })
-                        .await;
-                    match inserted {
-                        Ok(()) => break,
-                        Err(error) if error.is_retryable() => {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        Err(error) => panic!("insert: {error}"),
-                    }
-                }
+                    })
+                })
+                .await;
             }
         })
         .await;
     }
     let inserted_s = inserting.elapsed().as_secs_f64();
     let rss = rss_mib();
-    let mut due_read_ms = Vec::new();
-    for _ in 0..20 {
-        let at = Instant::now();
-        admin
-            .query(
-                "SELECT * FROM pgtenant.due_alarms('alarms-bench', 2000, 1000, false)",
-                &[],
-            )
-            .await
-            .expect("due_alarms");
-        due_read_ms.push(at.elapsed().as_secs_f64() * 1000.0);
-    }
+    let due_read_ms = due_read_ms(admin).await;
     eprintln!(
         "scale: {total} alarms inserted in {inserted_s:.1} s; rss {rss:.0} MiB; due read {:.2} ms",
-        median(&due_read_ms)
+        due_read_ms
     );
     let before = fired.load(Ordering::Relaxed);
     let due = SystemTime::now() + BURST_LEAD;
@@ -795,7 +791,7 @@ async fn scale_phase(
         alarms: total,
         inserted_s,
         rss_mib: rss,
-        due_read_ms: median(&due_read_ms),
+        due_read_ms,
         rate,
         burst: tenants,
         lost: tenants.saturating_sub(lateness.len()),

@@ -96,6 +96,17 @@ async fn alarm_router(url: &str, replica: &'static str) -> (Router, Arc<AtomicUs
     (router, calls)
 }
 
+/// A replica without an alarm handler: it schedules alarms and never fires them.
+async fn scheduling_router(url: &str, replica: &'static str) -> Router {
+    Router::start(
+        options(url, replica)
+            .tenant_migrations([EFFECTS])
+            .expect("migrations"),
+    )
+    .await
+    .expect("router starts")
+}
+
 /// Schedules `name` due in `due_in` (negative: in the past) with `payload`, in its own
 /// transaction.
 async fn schedule(handle: &TenantHandle, name: &str, due: SystemTime, payload: serde_json::Value) {
@@ -468,13 +479,7 @@ async fn a_failing_handler_is_retried_with_backoff_then_parked() {
 async fn a_due_alarm_of_a_tenant_nobody_holds_wakes_it() {
     let (db, _client) = database().await;
     // The scheduler has no handler: it never fires, and hands the tenant off.
-    let scheduler = Router::start(
-        options(db.url(), "alarm-scheduler")
-            .tenant_migrations([EFFECTS])
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let scheduler = scheduling_router(db.url(), "alarm-scheduler").await;
     let id = tenant("unheld");
     let handle = scheduler.open_or_create(&id).await.unwrap();
     schedule(&handle, "wake", in_ms(300), serde_json::json!({})).await;
@@ -506,13 +511,7 @@ async fn a_due_alarm_of_a_tenant_nobody_holds_wakes_it() {
 async fn a_backlog_fires_in_batches_each_alarm_on_its_own_account() {
     let (db, client) = database().await;
     // Scheduled by a replica without a handler, so that all are due before any fires.
-    let scheduler = Router::start(
-        options(db.url(), "alarm-batch-a")
-            .tenant_migrations([EFFECTS])
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let scheduler = scheduling_router(db.url(), "alarm-batch-a").await;
     let id = tenant("batch");
     let handle = scheduler.open_or_create(&id).await.unwrap();
     let past = |ms: u64| SystemTime::now() - Duration::from_millis(ms);
@@ -673,13 +672,7 @@ async fn forget_takes_the_alarms_and_restore_brings_them_back() {
 async fn sweep_and_tenant_migrations_leave_the_alarms_alone() {
     let (db, mut client) = database().await;
     // Scheduled by a replica without a handler: due at once, fired by nobody yet.
-    let scheduler = Router::start(
-        options(db.url(), "alarm-keep-a")
-            .tenant_migrations([EFFECTS])
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let scheduler = scheduling_router(db.url(), "alarm-keep-a").await;
     let id = tenant("kept");
     let handle = scheduler.open_or_create(&id).await.unwrap();
     schedule(&handle, "kept", in_ms(0), serde_json::json!({})).await;
