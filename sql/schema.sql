@@ -24,6 +24,7 @@
 --   V17__leaving
 --   V18__alarms
 --   V19__alarm_requests
+--   V20__acquire_many
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -707,6 +708,46 @@ BEGIN
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.acquire(text, text, text, text, bigint, text, boolean, integer, integer, bigint) FROM PUBLIC;
 
+CREATE OR REPLACE FUNCTION pgtenant.acquire_many(p_keys text[], p_replica text, p_incarnation bigint, p_secret text, p_grace_ms integer, p_wait_ms integer, p_terminate_ms bigint)
+ RETURNS TABLE(key text, epoch bigint, schema_name text, previous_owner text, took_over text, quarantine text, schema_version integer, lock_key integer, error_code text, error_message text)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+DECLARE
+    k text;
+    a record;
+BEGIN
+    -- A caller that is not the incarnation is refused as a whole, not key by key.
+    IF NOT pgtenant.authenticate(p_replica, p_incarnation, p_secret) THEN
+        RAISE EXCEPTION USING ERRCODE = 'PTL02',
+            MESSAGE = format('replica %s incarnation %s is not registered', p_replica, p_incarnation);
+    END IF;
+    FOR k IN SELECT DISTINCT u.k FROM unnest(p_keys) AS u(k) WHERE u.k IS NOT NULL ORDER BY 1 LOOP
+        key := k;
+        BEGIN
+            SELECT * INTO a
+              FROM pgtenant.acquire(k, NULL, NULL, p_replica, p_incarnation, p_secret, false,
+                                    p_grace_ms, p_wait_ms, p_terminate_ms) AS x;
+            epoch := a.epoch;
+            schema_name := a.schema_name;
+            previous_owner := a.previous_owner;
+            took_over := a.took_over;
+            quarantine := a.quarantine;
+            schema_version := a.schema_version;
+            lock_key := a.lock_key;
+            error_code := NULL;
+            error_message := NULL;
+        EXCEPTION WHEN OTHERS THEN
+            epoch := NULL; schema_name := NULL; previous_owner := NULL; took_over := NULL;
+            quarantine := NULL; schema_version := NULL; lock_key := NULL;
+            GET STACKED DIAGNOSTICS error_code = RETURNED_SQLSTATE, error_message = MESSAGE_TEXT;
+        END;
+        RETURN NEXT;
+    END LOOP;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.acquire_many(text[], text, bigint, text, integer, integer, bigint) FROM PUBLIC;
+
 CREATE OR REPLACE FUNCTION pgtenant.authenticate(p_replica text, p_incarnation bigint, p_secret text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -1281,15 +1322,9 @@ CREATE OR REPLACE FUNCTION pgtenant.grant_roles(p_app name, p_operator name)
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
-    PERFORM pgtenant.grant_roles_before_v19(p_app, p_operator);
+    PERFORM pgtenant.grant_roles_before_v20(p_app, p_operator);
     IF p_app IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.take_alarm_requests(text),
-                                                  pgtenant.parked_alarms(text) TO %I', p_app);
-    END IF;
-    IF p_operator IS NOT NULL THEN
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.request_alarm(text, text, text),
-                                                  pgtenant.parked_alarms(text) TO %I', p_operator);
-        EXECUTE format('GRANT SELECT ON pgtenant.alarm_requests TO %I', p_operator);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.acquire_many(text[], text, bigint, text, integer, integer, bigint) TO %I', p_app);
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
@@ -1464,6 +1499,25 @@ BEGIN
     END IF;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v19(name, name) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pgtenant.grant_roles_before_v20(p_app name, p_operator name)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pgtenant'
+AS $function$
+BEGIN
+    PERFORM pgtenant.grant_roles_before_v19(p_app, p_operator);
+    IF p_app IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.take_alarm_requests(text),
+                                                  pgtenant.parked_alarms(text) TO %I', p_app);
+    END IF;
+    IF p_operator IS NOT NULL THEN
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pgtenant.request_alarm(text, text, text),
+                                                  pgtenant.parked_alarms(text) TO %I', p_operator);
+        EXECUTE format('GRANT SELECT ON pgtenant.alarm_requests TO %I', p_operator);
+    END IF;
+END $function$;
+REVOKE EXECUTE ON FUNCTION pgtenant.grant_roles_before_v20(name, name) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.handoff_request_ttl()
  RETURNS interval

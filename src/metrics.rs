@@ -167,6 +167,6 @@ pub(crate) fn alarm_failed(parked: bool) {
     metrics::counter!(ALARMS_FAILED, "outcome" => outcome).increment(1);
 }
 
-pub(crate) fn placement_pickup() {
-    metrics::counter!(PLACEMENT_PICKUPS).increment(1);
+pub(crate) fn placement_pickups(tenants: usize) {
+    metrics::counter!(PLACEMENT_PICKUPS).increment(tenants as u64);
 }

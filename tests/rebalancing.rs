@@ -626,3 +626,76 @@ async fn a_history_with_rebalancing_under_kills_pauses_terminations_and_cancella
         "the run exercised writes and faults"
     );
 }
+
+/// A pickup's batch (`pgtenant.acquire_many`, control plane V20): each tenant is answered on
+/// its own (acquired, held by another, gone), the acquired ones in one transaction, and a
+/// caller that is not the incarnation is refused as a whole before anything changes.
+#[tokio::test]
+async fn a_batched_acquisition_answers_each_tenant_on_its_own_and_refuses_a_forged_caller() {
+    use support::by_hand::{connect, register_by_hand, sqlstate};
+    let (db, client) = database().await;
+    let free: Vec<TenantId> = (0..3).map(|i| tenant(&format!("batch-free-{i}"))).collect();
+    let held = tenant("batch-held");
+    let creator = Router::start(options(db.url(), "rb-creator"))
+        .await
+        .expect("router");
+    create_at(&creator, &free).await;
+    creator.close().await;
+    let holder = Router::start(options(db.url(), "rb-holder"))
+        .await
+        .expect("router");
+    holder.open_or_create(&held).await.expect("held");
+
+    let session = connect(db.url()).await;
+    let (incarnation, secret) = register_by_hand(&session, "rb-hand").await;
+    let mut keys: Vec<String> = free.iter().map(|id| id.key().to_owned()).collect();
+    keys.push(held.key().to_owned());
+    keys.push(tenant("batch-missing").key().to_owned());
+    let batch = "SELECT key, epoch, error_code FROM pgtenant.acquire_many($1, 'rb-hand', $2, $3, 2000, 100, 1000)";
+
+    let forged = session
+        .query(batch, &[&keys, &incarnation, &"not the secret"])
+        .await
+        .expect_err("a forged secret is refused");
+    assert_eq!(sqlstate(&forged), Some("PTA01"), "{forged:?}");
+    assert!(
+        owners(&client).await[free[0].key()].is_none(),
+        "nothing was acquired by the forged call"
+    );
+
+    let answers: HashMap<String, (Option<i64>, Option<String>)> = session
+        .query(batch, &[&keys, &incarnation, &secret])
+        .await
+        .expect("acquire_many")
+        .iter()
+        .map(|row| (row.get(0), (row.get(1), row.get(2))))
+        .collect();
+    assert_eq!(answers.len(), keys.len(), "one answer per key: {answers:?}");
+    for id in &free {
+        assert!(
+            matches!(answers[id.key()], (Some(_), None)),
+            "{id} acquired: {answers:?}"
+        );
+    }
+    assert_eq!(answers[held.key()], (None, Some("PTL01".to_owned())));
+    assert_eq!(
+        answers[tenant("batch-missing").key()],
+        (None, Some("PTN01".to_owned()))
+    );
+    let held_now = owners(&client).await;
+    assert!(free
+        .iter()
+        .all(|id| held_now[id.key()].as_deref() == Some("rb-hand")));
+    assert_eq!(held_now[held.key()].as_deref(), Some("rb-holder"));
+    let transactions: i64 = client
+        .query_one(
+            // now(): the transaction's start.
+            "SELECT count(DISTINCT acquired_at) FROM pgtenant.tenants WHERE owner = 'rb-hand'",
+            &[],
+        )
+        .await
+        .expect("history")
+        .get(0);
+    assert_eq!(transactions, 1, "the batch's acquisitions commit together");
+    holder.close().await;
+}

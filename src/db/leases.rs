@@ -245,6 +245,62 @@ pub(crate) async fn acquire(
     Acquisition::read(&rows)
 }
 
+/// One key's answer from `pgtenant.acquire_many`: the acquisition, or the SQLSTATE and
+/// message it failed with (its subtransaction rolled back; the others stand).
+pub(crate) type BatchAnswer = (String, std::result::Result<Acquisition, (String, String)>);
+
+/// `pgtenant.acquire_many` (V20): `pgtenant.acquire` of each existing tenant in `ids`, in key
+/// order, in one statement and one commit. A whole-batch refusal (not this incarnation) is the
+/// Err; a key's own failure is its answer.
+pub(crate) async fn acquire_many(
+    client: &Client,
+    ids: &[TenantId],
+    credentials: &Credentials,
+    bounds: &AcquireBounds,
+) -> std::result::Result<Vec<BatchAnswer>, tokio_postgres::Error> {
+    let keys: Vec<&str> = ids.iter().map(TenantId::key).collect();
+    let incarnation = credentials.incarnation.get();
+    let secret = credentials.secret();
+    let rows = crate::db::call(
+        client,
+        "SELECT key, epoch, schema_name, previous_owner, took_over, quarantine, schema_version,
+                lock_key, error_code, error_message
+           FROM pgtenant.acquire_many($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            (&keys, Type::TEXT_ARRAY),
+            (&credentials.replica, Type::TEXT),
+            (&incarnation, Type::INT8),
+            (&secret, Type::TEXT),
+            (&bounds.grace_ms, Type::INT4),
+            (&bounds.wait_ms, Type::INT4),
+            (&bounds.terminate_ms, Type::INT8),
+        ],
+    )
+    .await?;
+    let mut answers = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let key: String = row.try_get(0)?;
+        let epoch: Option<i64> = row.try_get(1)?;
+        let answer = match (epoch, row.try_get::<_, Option<i32>>(7)?) {
+            (Some(epoch), Some(lock_key)) => Ok(Acquisition {
+                epoch: Epoch::new(epoch),
+                schema: row.try_get(2)?,
+                previous_owner: row.try_get(3)?,
+                took_over: row.try_get(4)?,
+                quarantine: row.try_get(5)?,
+                version: row.try_get(6)?,
+                lock_key,
+            }),
+            _ => Err((
+                row.try_get::<_, Option<String>>(8)?.unwrap_or_default(),
+                row.try_get::<_, Option<String>>(9)?.unwrap_or_default(),
+            )),
+        };
+        answers.push((key, answer));
+    }
+    Ok(answers)
+}
+
 /// `pgtenant.acquire` of a tenant to create, inside `tx` (which also creates its schema),
 /// behind the session reset in the same flight: the reset's outcome, then the acquisition's.
 pub(crate) async fn acquire_to_create(

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::credentials::{millis, Credentials};
 use crate::db;
@@ -157,6 +157,21 @@ pub(crate) async fn acquire(
         }
         Err(error) => return Err(error),
     };
+    let (lease, event) = settle(shared, &mut client, id, answer, credentials).await?;
+    drop(client);
+    install_handle(shared, id, lease, event).await
+}
+
+/// What follows an acquisition of an existing tenant, one or batched: a quarantine reported, a
+/// lease the code cannot serve given back, the schema brought up to this code's version, and
+/// the lease and its event, for [`install_handle`].
+async fn settle(
+    shared: &Arc<Replica>,
+    client: &mut deadpool_postgres::Object,
+    id: &TenantId,
+    answer: Acquisition,
+    credentials: Arc<Credentials>,
+) -> Result<(Acquired, Event)> {
     if let Some(cause) = answer.quarantine {
         warn!(%cause, "tenant quarantined");
         shared.emit(Event::Quarantined {
@@ -173,7 +188,7 @@ pub(crate) async fn acquire(
     tracing::Span::current().record("epoch", epoch.get());
     let Some(schema) = answer.schema else {
         // Only a creation acquires a tenant without a schema, and this was not one.
-        give_back_unused(shared, &client, id, epoch, &credentials).await;
+        give_back_unused(shared, client, id, epoch, &credentials).await;
         return Err(Error::TenantNotFound {
             tenant: id.clone(),
             reason: "it was forgotten".to_owned(),
@@ -182,7 +197,7 @@ pub(crate) async fn acquire(
     let code = shared.options.code_version();
     let version = answer.version;
     if version > code {
-        give_back_unused(shared, &client, id, epoch, &credentials).await;
+        give_back_unused(shared, client, id, epoch, &credentials).await;
         return Err(Error::SchemaAhead {
             tenant: id.clone(),
             found: version,
@@ -192,7 +207,7 @@ pub(crate) async fn acquire(
     let mut migrated_from = None;
     if version < code {
         let lease = (epoch, answer.lock_key);
-        migrate_held(shared, &mut client, id, lease, &credentials, &schema).await?;
+        migrate_held(shared, client, id, lease, &credentials, &schema).await?;
         shared.emit(Event::Migrated {
             tenant: id.clone(),
             epoch,
@@ -201,7 +216,6 @@ pub(crate) async fn acquire(
         });
         migrated_from = Some(version);
     }
-    drop(client);
     info!(%epoch, took_over = ?answer.took_over, "acquired");
     if answer.took_over.is_some() {
         crate::metrics::takeover();
@@ -219,7 +233,7 @@ pub(crate) async fn acquire(
         created: false,
         schema,
     };
-    install_handle(shared, id, lease, event).await
+    Ok((lease, event))
 }
 
 /// A new life: acquisition, schema, migrations and bookkeeping in one transaction. The schema
@@ -349,4 +363,69 @@ pub(crate) async fn install_handle(
         return Err(Error::RouterClosed);
     }
     Ok(inner)
+}
+
+/// The bound of each batched acquisition's waits: a tenant whose row or fence lock stays busy
+/// longer leaves the batch and is opened the ordinary way, within the open's own bound, so one
+/// busy tenant does not hold up the rest.
+const BATCH_WAIT_MS: i32 = 100;
+
+/// What a batched acquisition did with its tenants.
+#[derive(Default)]
+pub(crate) struct Batch {
+    /// Acquired and served here now.
+    pub(crate) opened: usize,
+    /// Not acquired by the batch, with the SQLSTATE it failed with: to open the ordinary way
+    /// (or not at all, when another replica holds it).
+    pub(crate) refused: Vec<(TenantId, String)>,
+}
+
+/// Acquires the existing tenants `ids` in one statement and one commit
+/// (`pgtenant.acquire_many`, each tenant in its own subtransaction), then settles and installs
+/// each like [`acquire`]. The caller holds each tenant's open gate, and has checked that no
+/// earlier lease of it held by this incarnation is still at work.
+pub(crate) async fn acquire_batch(shared: &Arc<Replica>, ids: &[TenantId]) -> Result<Batch> {
+    let credentials = shared.current_credentials()?;
+    let mut client = shared
+        .pool
+        .get()
+        .await
+        .map_err(pool_error("acquire leases"))?;
+    let bounds = AcquireBounds {
+        wait_ms: BATCH_WAIT_MS.min(millis(shared.options.open_timeout)),
+        ..bounds(shared)
+    };
+    let answers = db::leases::acquire_many(&client, ids, &credentials, &bounds)
+        .await
+        .map_err(Error::db("acquire leases"))?;
+    let by_key: std::collections::HashMap<&str, &TenantId> =
+        ids.iter().map(|id| (id.key(), id)).collect();
+    let mut batch = Batch::default();
+    let mut settled = Vec::with_capacity(answers.len());
+    for (key, answer) in answers {
+        let Some(&id) = by_key.get(key.as_str()) else {
+            continue;
+        };
+        match answer {
+            Ok(answer) => {
+                match settle(shared, &mut client, id, answer, credentials.clone()).await {
+                    Ok(lease) => settled.push((id, lease)),
+                    // Reported by settle (quarantine, a schema ahead of this code, a failed
+                    // upgrade), as an open reports it.
+                    Err(error) => debug!(tenant = %id, %error, "a batched acquisition is not served"),
+                }
+            }
+            Err((code, message)) => {
+                debug!(tenant = %id, code, message, "not acquired in a batch");
+                batch.refused.push((id.clone(), code));
+            }
+        }
+    }
+    drop(client);
+    for (id, (lease, event)) in settled {
+        if install_handle(shared, id, lease, event).await.is_ok() {
+            batch.opened += 1;
+        }
+    }
+    Ok(batch)
 }

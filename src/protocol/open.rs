@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::lease::HandleState;
 use crate::protocol::acquire::acquire;
+use crate::sqlstate;
 use crate::state::liveness::FREE_CHANNEL;
 use crate::state::replica::{HeldLease, Replica};
 use crate::sync::lock;
@@ -145,6 +146,88 @@ async fn bounded(
         Ok(Ok(result)) => result,
         // The task ended without answering (it panicked), or the bound passed.
         Ok(Err(_)) | Err(_) => Err(Error::open_timeout(id.clone(), shared.options.open_timeout)),
+    }
+}
+
+/// Opens many existing tenants with one acquisition statement (`acquire::acquire_batch`): what
+/// rebalancing picks up. The batch takes the open gate of each tenant it acquires, so an open
+/// of one of them meanwhile waits for it and then finds the tenant served here. Left out of the
+/// batch: tenants served or drained here, being opened already, beyond capacity, or with work
+/// of an earlier lease of this incarnation still running (returned, for the ordinary open,
+/// which waits for it). Of those the batch did not acquire, all but the ones another replica
+/// holds, that are gone or that are quarantined are returned too. The batch runs in its own task, so a caller that stops
+/// waiting strands no lease.
+pub(crate) async fn open_many(shared: &Arc<Replica>, ids: Vec<TenantId>) -> (usize, Vec<TenantId>) {
+    let Ok(credentials) = shared.current_credentials() else {
+        return (0, Vec::new());
+    };
+    let mut batch = Vec::with_capacity(ids.len());
+    let mut turns = Vec::with_capacity(ids.len());
+    let mut rest = Vec::new();
+    for id in ids {
+        if shared.is_closed() {
+            break;
+        }
+        if local(shared, &id).is_some() {
+            continue;
+        }
+        if shared.earlier_work(&id, &credentials).is_some() {
+            rest.push(id);
+            continue;
+        }
+        let mut opening = lock(&shared.opening);
+        if opening.contains_key(&id)
+            || lock(&shared.handles).len() + opening.len() >= shared.options.max_open_tenants
+        {
+            continue;
+        }
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let Ok(turn) = gate.clone().try_lock_owned() else {
+            continue;
+        };
+        opening.insert(id.clone(), gate);
+        turns.push(turn);
+        batch.push(id);
+    }
+    if batch.is_empty() {
+        return (0, rest);
+    }
+    let task_shared = shared.clone();
+    let running = Running::begin(shared);
+    let task = tokio::spawn(
+        async move {
+            let _running = running;
+            let result = crate::protocol::acquire::acquire_batch(&task_shared, &batch).await;
+            for (id, turn) in batch.iter().zip(turns) {
+                let gate = tokio::sync::OwnedMutexGuard::mutex(&turn).clone();
+                drop(turn);
+                release_gate(&task_shared, id, &gate);
+            }
+            match result {
+                Ok(done) => {
+                    // An ordinary open would only meet these again.
+                    let hopeless = [sqlstate::HELD, sqlstate::NO_TENANT, sqlstate::QUARANTINED];
+                    let refused = done
+                        .refused
+                        .into_iter()
+                        .filter(|(_, code)| !hopeless.contains(&code.as_str()))
+                        .map(|(id, _)| id);
+                    (done.opened, refused.collect())
+                }
+                Err(error) => {
+                    info!(%error, tenants = batch.len(), "a batched acquisition failed");
+                    (0, batch)
+                }
+            }
+        }
+        .in_current_span(),
+    );
+    match task.await {
+        Ok((opened, refused)) => {
+            rest.extend(refused);
+            (opened, rest)
+        }
+        Err(_) => (0, rest),
     }
 }
 

@@ -202,6 +202,30 @@ impl Replica {
         }
     }
 
+    /// An earlier handle of `id` that `credentials`' registration held and that is not done:
+    /// still in the map and not serving (draining, or released and awaiting the answer), or
+    /// retired with work in flight. None: an acquisition may go ahead at once.
+    pub(crate) fn earlier_work(
+        &self,
+        id: &TenantId,
+        credentials: &Credentials,
+    ) -> Option<Arc<HeldLease>> {
+        let earlier = |handle: &Arc<HeldLease>| {
+            handle.id == *id
+                && handle.credentials.registration == credentials.registration
+                && handle.state() != HandleState::Serving
+        };
+        let pending = lock(&self.handles).get(id).filter(|h| earlier(h)).cloned();
+        pending.or_else(|| {
+            let mut retiring = lock(&self.retiring);
+            retiring.retain(|old| old.upgrade().is_some_and(|old| old.in_flight() > 0));
+            retiring
+                .iter()
+                .filter_map(Weak::upgrade)
+                .find(|h| earlier(h) && h.in_flight() > 0)
+        })
+    }
+
     /// Waits until no earlier handle of `id` that `credentials`' registration held has work in
     /// flight, within the open timeout: an acquisition of a tenant this same incarnation owned
     /// neither seals it nor waits on its fence (nothing in the database tells that work apart
@@ -212,28 +236,8 @@ impl Replica {
         credentials: &Credentials,
     ) -> Result<()> {
         let deadline = tokio::time::Instant::now() + self.options.open_timeout;
-        let earlier = |handle: &Arc<HeldLease>| {
-            handle.id == *id
-                && handle.credentials.registration == credentials.registration
-                && handle.state() != HandleState::Serving
-                && handle.in_flight() > 0
-        };
-        // Still in the map and not serving: draining, or released and awaiting the answer.
-        let pending = |handle: &Arc<HeldLease>| {
-            handle.id == *id
-                && handle.credentials.registration == credentials.registration
-                && handle.state() != HandleState::Serving
-        };
         loop {
-            let busy = lock(&self.handles).get(id).filter(|h| pending(h)).cloned();
-            let busy = busy.or_else(|| {
-                let mut retiring = lock(&self.retiring);
-                retiring.retain(|old| old.upgrade().is_some_and(|old| old.in_flight() > 0));
-                retiring
-                    .iter()
-                    .filter_map(Weak::upgrade)
-                    .find(|h| earlier(h))
-            });
+            let busy = self.earlier_work(id, credentials);
             let Some(handle) = busy else {
                 return Ok(());
             };

@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 19] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 20] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -112,6 +112,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 19] = [
     (
         "V19__alarm_requests",
         include_str!("../../migrations/V19__alarm_requests.sql"),
+    ),
+    (
+        "V20__acquire_many",
+        include_str!("../../migrations/V20__acquire_many.sql"),
     ),
 ];
 
