@@ -139,8 +139,9 @@ impl Fleet {
 /// What the load saw.
 #[derive(Default)]
 struct LoadLog {
-    /// (when it ended, how long it took from its first attempt) of each served request.
-    served: Mutex<Vec<(Instant, Duration)>>,
+    /// (when it ended, how long it took from its first attempt, its tenant) of each served
+    /// request.
+    served: Mutex<Vec<(Instant, Duration, usize)>>,
     /// When each failed request gave up.
     failed: Mutex<Vec<Instant>>,
     /// Acknowledged (tenant, seq).
@@ -149,12 +150,17 @@ struct LoadLog {
 
 impl LoadLog {
     fn latencies_between(&self, from: Instant, to: Instant) -> Vec<Duration> {
+        self.latencies_of(from, to, |_| true)
+    }
+
+    /// Those of the requests to the tenants `which` accepts.
+    fn latencies_of(&self, from: Instant, to: Instant, which: impl Fn(usize) -> bool) -> Vec<Duration> {
         self.served
             .lock()
             .expect("log")
             .iter()
-            .filter(|(at, _)| *at >= from && *at <= to)
-            .map(|(_, took)| *took)
+            .filter(|(at, _, i)| *at >= from && *at <= to && which(*i))
+            .map(|(_, took, _)| *took)
             .collect()
     }
 
@@ -241,7 +247,7 @@ fn start_load(
                         log.served
                             .lock()
                             .expect("log")
-                            .push((Instant::now(), started.elapsed()));
+                            .push((Instant::now(), started.elapsed(), i));
                         log.acked.lock().expect("log").push((i, n));
                     } else {
                         log.failed.lock().expect("log").push(Instant::now());
@@ -382,12 +388,16 @@ fn local_counts(fleet: &Fleet) -> BTreeMap<String, usize> {
 }
 
 /// The `HandedOff` targets received so far, counted.
-fn drain_moves(events: &mut [tokio::sync::broadcast::Receiver<Event>]) -> BTreeMap<String, usize> {
+fn drain_moves(
+    events: &mut [tokio::sync::broadcast::Receiver<Event>],
+    moved: &mut std::collections::HashSet<String>,
+) -> BTreeMap<String, usize> {
     let mut moves = BTreeMap::new();
     for events in events {
         while let Ok(event) = events.try_recv() {
             match event {
-                Event::HandedOff { to, .. } => {
+                Event::HandedOff { to, tenant, .. } => {
+                    moved.insert(tenant.key().to_owned());
                     let to = to.map_or_else(|| "(anyone)".to_owned(), |to| to.as_str().to_owned());
                     *moves.entry(to).or_default() += 1;
                 }
@@ -413,6 +423,9 @@ struct JoinRound {
     failed: usize,
     p99_base: Duration,
     p99_move: Duration,
+    /// The p99 during the move of the requests to tenants that did not move: what the move
+    /// costs the others (CPU, connections), apart from the moved tenants' own wait.
+    p99_unmoved: Duration,
     /// Tenants away from home when convergence timed out (0: converged).
     unconverged: usize,
 }
@@ -446,7 +459,8 @@ async fn join_round(
     // The load's latency through the move and a second after it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let move_to = Instant::now();
-    let moves = drain_moves(&mut events);
+    let mut moved_keys = std::collections::HashSet::new();
+    let moves = drain_moves(&mut events, &mut moved_keys);
     let moved = moves.get(joiner).copied().unwrap_or(0);
     let p99 = |values: &[Duration]| percentile_d(values, 99.0);
     let timeline = admin
@@ -481,6 +495,9 @@ async fn join_round(
         failed: log.failed_between(started, move_to),
         p99_base: p99(&log.latencies_between(base_from, base_to)),
         p99_move: p99(&log.latencies_between(started, move_to)),
+        p99_unmoved: p99(&log.latencies_of(started, move_to, |i| {
+            !moved_keys.contains(tenant(i).key())
+        })),
         unconverged,
     }
 }
@@ -599,7 +616,7 @@ async fn run(tenants: usize, rounds: usize) {
     for round in 0..rounds {
         let joined = join_round(&url, &fleet, &admin, &log, "r5").await;
         eprintln!(
-            "join {}: converged in {:.2} s (moves from {:.2} to {:.2} s after it registered, last pickup {:.2} s), moved {} (share {}, {} elsewhere), spread {:.1} %, failed {}, p99 {:.1} → {:.1} ms",
+            "join {}: converged in {:.2} s (moves from {:.2} to {:.2} s after it registered, last pickup {:.2} s), moved {} (share {}, {} elsewhere), spread {:.1} %, failed {}, p99 {:.1} → {:.1} ms ({:.1} ms for the tenants that did not move)",
             round + 1,
             joined.converge.as_secs_f64(),
             joined.timeline.0,
@@ -611,7 +628,8 @@ async fn run(tenants: usize, rounds: usize) {
             joined.spread_pct,
             joined.failed,
             ms(joined.p99_base),
-            ms(joined.p99_move)
+            ms(joined.p99_move),
+            ms(joined.p99_unmoved)
         );
         joins.push(joined);
         if round + 1 < rounds {
@@ -688,6 +706,17 @@ async fn run(tenants: usize, rounds: usize) {
         .filter_map(|n| fleet.get(n))
         .map(|r| r.subscribe())
         .collect();
+    // When r6's heartbeat row expires (the survivors cannot tell a kill sooner), and the kill,
+    // by the database clock.
+    let expires_at: f64 = admin
+        .query_one(
+            "SELECT extract(epoch FROM expires_at)::float8 FROM pgtenant.replicas WHERE replica_id = 'r6'",
+            &[],
+        )
+        .await
+        .expect("r6's expiry")
+        .get(0);
+    let killed_db = db_now(&admin).await;
     let killed = Instant::now();
     let _ = child.kill();
     let _ = child.wait();
@@ -715,6 +744,23 @@ async fn run(tenants: usize, rounds: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let served_again = killed.elapsed();
+    // The first and the last takeover of r6's tenants, after the kill (s).
+    let takeovers = admin
+        .query_one(
+            "SELECT extract(epoch FROM min(at))::float8 - $1, extract(epoch FROM max(at))::float8 - $1
+               FROM pgtenant.history
+              WHERE event = 'broken' AND replica_id = 'r6' AND at >= to_timestamp($1)",
+            &[&killed_db],
+        )
+        .await
+        .map(|row| {
+            (
+                row.get::<_, Option<f64>>(0).unwrap_or(0.0),
+                row.get::<_, Option<f64>>(1).unwrap_or(0.0),
+            )
+        })
+        .unwrap_or_default();
+    let expired_after = (expires_at - killed_db).max(0.0);
     let away: i64 = admin
         .query_one(
             "SELECT count(*) FROM pgtenant.placement WHERE NOT at_home",
@@ -799,6 +845,12 @@ async fn run(tenants: usize, rounds: usize) {
             .map(|j| ms(j.p99_move) - ms(j.p99_base))
             .collect::<Vec<_>>(),
     );
+    let p99_delta_unmoved = median(
+        &joins
+            .iter()
+            .map(|j| ms(j.p99_unmoved) - ms(j.p99_base))
+            .collect::<Vec<_>>(),
+    );
     let mut report = String::new();
     let _ = writeln!(report, "# Placement benchmark\n");
     let _ = writeln!(
@@ -823,13 +875,13 @@ async fn run(tenants: usize, rounds: usize) {
     );
     let _ = writeln!(
         report,
-        "| round | converge s | first move s | last move s | last pickup s | moved | share | moved between others | spread % | failed | p99 before ms | p99 during ms |"
+        "| round | converge s | first move s | last move s | last pickup s | moved | share | moved between others | spread % | failed | p99 before ms | p99 during ms | p99 during, unmoved tenants ms |"
     );
-    let _ = writeln!(report, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(report, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, j) in joins.iter().enumerate() {
         let _ = writeln!(
             report,
-            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} |",
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {:.1} | {} | {:.1} | {:.1} | {:.1} |",
             i + 1,
             j.converge.as_secs_f64(),
             j.timeline.0,
@@ -841,7 +893,8 @@ async fn run(tenants: usize, rounds: usize) {
             j.spread_pct,
             j.failed,
             ms(j.p99_base),
-            ms(j.p99_move)
+            ms(j.p99_move),
+            ms(j.p99_unmoved)
         );
     }
     let _ = writeln!(report, "\n## Rolling restart\n");
@@ -864,10 +917,13 @@ async fn run(tenants: usize, rounds: usize) {
     let _ = writeln!(
         report,
         "r6 held {victims} tenants when SIGKILLed; all held again by their next homes after \
-         {:.2} s (ttl {:?}), {away} away from home then; taken over per survivor: {took:?} (homes \
-         among survivors: {survivors:?}).",
+         {:.2} s (ttl {:?}; its heartbeat row expired {expired_after:.2} s after the kill; \
+         takeovers from {:.2} to {:.2} s), {away} away from home then; taken over per survivor: \
+         {took:?} (homes among survivors: {survivors:?}).",
         served_again.as_secs_f64(),
-        TTL
+        TTL,
+        takeovers.0,
+        takeovers.1
     );
     let _ = writeln!(
         report,
@@ -877,7 +933,7 @@ async fn run(tenants: usize, rounds: usize) {
     );
     let lines = [
         format!(
-            "placement-bench: tenants={tenants} replicas={REPLICAS}+1 converge_s={converge:.2} moved={moved:.0} share={share:.0} moved_between_others={elsewhere} spread_pct={spread:.1} failed={failed} p99_delta_ms={p99_delta:.1} unconverged={join_unconverged}"
+            "placement-bench: tenants={tenants} replicas={REPLICAS}+1 converge_s={converge:.2} moved={moved:.0} share={share:.0} moved_between_others={elsewhere} spread_pct={spread:.1} failed={failed} p99_delta_ms={p99_delta:.1} p99_delta_unmoved_ms={p99_delta_unmoved:.1} unconverged={join_unconverged}"
         ),
         format!(
             "placement-rolling: tenants={tenants} replicas={} max_unserved_ms={:.0} max_gap_ms={max_gap_ms:.0} failed={rolling_failed} lost={lost} spread_pct={rolling_spread:.1} unconverged_total={unconverged}",
@@ -885,9 +941,11 @@ async fn run(tenants: usize, rounds: usize) {
             ms(max_wait)
         ),
         format!(
-            "placement-kill: tenants={victims} served_again_s={:.2} ttl_s={:.1} max_share_ratio={max_share_ratio:.2} away_from_home={away}",
+            "placement-kill: tenants={victims} served_again_s={:.2} ttl_s={:.1} expired_after_s={expired_after:.2} takeovers_s={:.2}..{:.2} max_share_ratio={max_share_ratio:.2} away_from_home={away}",
             served_again.as_secs_f64(),
-            TTL.as_secs_f64()
+            TTL.as_secs_f64(),
+            takeovers.0,
+            takeovers.1
         ),
     ];
     let _ = writeln!(report, "\n```\n{}\n```", lines.join("\n"));

@@ -47,7 +47,7 @@ pub(crate) const RECHECK: Duration = Duration::from_secs(5);
 /// The reserved tenants are read at least this often without a notice.
 pub(crate) const PICKUP_EVERY: Duration = Duration::from_secs(2);
 /// Handoffs or opens at once.
-pub(crate) const LANES: usize = 16;
+pub(crate) const LANES: usize = 64;
 /// Ordinary opens at once when picking up what a batch left out.
 pub(crate) const PICKUP_LANES: usize = 8;
 /// Tenants acquired in one statement when picking up. One statement of 64 takes ~40 ms on a
