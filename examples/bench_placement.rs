@@ -23,8 +23,9 @@
 //!    the time until every one of its tenants is held again (by its next home, unasked), and the
 //!    largest number any survivor took over against an even split.
 //!
-//! The load: 16 tasks in a closed loop, each request a fenced `INSERT … ON CONFLICT DO NOTHING`
-//! of a unique sequence number into a random tenant, entering at a random replica and sent on
+//! The load: `--rate` requests a second (300), each due at a fixed time and timed from then
+//! (an open loop), each a fenced `INSERT … ON CONFLICT DO NOTHING` of a unique sequence number
+//! into a random tenant, entering at a random replica and sent on
 //! at most once (`Router::route`, then `Router::route_forwarded` at the owner), retried while
 //! the tenant is between owners (up to 10 s: then it counts as failed).
 //!
@@ -37,7 +38,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::BufRead as _;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,7 +54,8 @@ const REPLICAS: usize = 4;
 const POOL_SIZE: usize = 16;
 const TTL: Duration = Duration::from_secs(2);
 const STABLE_FOR: Duration = Duration::from_secs(1);
-const LOAD_TASKS: usize = 16;
+/// The load's requests a second (`--rate`): well below what this machine serves (~700/s).
+const LOAD_RATE: usize = 300;
 const CREATE_CONCURRENCY: usize = 32;
 /// The load's steady window before a join, to compare its p99 with.
 const BASELINE: Duration = Duration::from_secs(4);
@@ -154,7 +156,12 @@ impl LoadLog {
     }
 
     /// Those of the requests to the tenants `which` accepts.
-    fn latencies_of(&self, from: Instant, to: Instant, which: impl Fn(usize) -> bool) -> Vec<Duration> {
+    fn latencies_of(
+        &self,
+        from: Instant,
+        to: Instant,
+        which: impl Fn(usize) -> bool,
+    ) -> Vec<Duration> {
         self.served
             .lock()
             .expect("log")
@@ -226,36 +233,45 @@ async fn request(fleet: &Fleet, id: &TenantId, seq: i64, seed: &mut u64) -> bool
     false
 }
 
-/// Runs the load until `stop`.
+/// Runs the load until `stop`: `rate` requests a second, each due at a fixed time (an open
+/// loop). A slow request does not hold back the next, and each is timed from when it was due,
+/// so a stall shows in the latencies instead of thinning the load, and the load stays below
+/// what the machine can serve: a closed loop of 16 tasks ran these 2 cores flat out, and its
+/// p99 (40-60 ms for one INSERT) measured its own queue, which any extra work lengthens.
 fn start_load(
     fleet: Arc<Fleet>,
     tenants: usize,
     log: Arc<LoadLog>,
     stop: Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let seq = Arc::new(AtomicI64::new(0));
-    (0..LOAD_TASKS)
-        .map(|task| {
-            let (fleet, log, stop, seq) = (fleet.clone(), log.clone(), stop.clone(), seq.clone());
-            tokio::spawn(async move {
-                let mut seed = 0x9E37_79B9_7F4A_7C15_u64 ^ (task as u64 + 1);
-                while !stop.load(Ordering::Relaxed) {
-                    let i = (xorshift(&mut seed) % tenants as u64) as usize;
-                    let n = seq.fetch_add(1, Ordering::Relaxed);
-                    let started = Instant::now();
-                    if request(&fleet, &tenant(i), n, &mut seed).await {
-                        log.served
-                            .lock()
-                            .expect("log")
-                            .push((Instant::now(), started.elapsed(), i));
-                        log.acked.lock().expect("log").push((i, n));
-                    } else {
-                        log.failed.lock().expect("log").push(Instant::now());
-                    }
+    rate: usize,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut running = tokio::task::JoinSet::new();
+        let mut n: i64 = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let due = ticks.tick().await.into_std();
+            let i = (xorshift(&mut seed) % tenants as u64) as usize;
+            n += 1;
+            let (fleet, log) = (fleet.clone(), log.clone());
+            let mut request_seed = seed ^ n as u64;
+            running.spawn(async move {
+                if request(&fleet, &tenant(i), n, &mut request_seed).await {
+                    log.served
+                        .lock()
+                        .expect("log")
+                        .push((Instant::now(), due.elapsed(), i));
+                    log.acked.lock().expect("log").push((i, n));
+                } else {
+                    log.failed.lock().expect("log").push(Instant::now());
                 }
-            })
-        })
-        .collect()
+            });
+            while running.try_join_next().is_some() {}
+        }
+        while running.join_next().await.is_some() {}
+    })
 }
 
 /// How many tenants each live replica is the home of, by the database.
@@ -426,6 +442,9 @@ struct JoinRound {
     /// The p99 during the move of the requests to tenants that did not move: what the move
     /// costs the others (CPU, connections), apart from the moved tenants' own wait.
     p99_unmoved: Duration,
+    /// Requests served a second: before the join, from its start to a second after it
+    /// converged.
+    throughput: (f64, f64),
     /// Tenants away from home when convergence timed out (0: converged).
     unconverged: usize,
 }
@@ -493,11 +512,17 @@ async fn join_round(
         share: expected.get(joiner).copied().unwrap_or(0),
         spread_pct: spread_pct(&local_counts(fleet)),
         failed: log.failed_between(started, move_to),
+        throughput: (
+            log.latencies_between(base_from, base_to).len() as f64
+                / (base_to - base_from).as_secs_f64(),
+            log.latencies_between(started, move_to).len() as f64
+                / (move_to - started).as_secs_f64(),
+        ),
         p99_base: p99(&log.latencies_between(base_from, base_to)),
         p99_move: p99(&log.latencies_between(started, move_to)),
-        p99_unmoved: p99(&log.latencies_of(started, move_to, |i| {
-            !moved_keys.contains(tenant(i).key())
-        })),
+        p99_unmoved: p99(
+            &log.latencies_of(started, move_to, |i| !moved_keys.contains(tenant(i).key()))
+        ),
         unconverged,
     }
 }
@@ -551,14 +576,15 @@ fn main() {
     }
     let tenants = arg("--tenants", 10_000);
     let rounds = arg("--rounds", 3).max(1);
+    let rate = arg("--rate", LOAD_RATE);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(tenants, rounds));
+    runtime.block_on(run(tenants, rounds, rate));
 }
 
-async fn run(tenants: usize, rounds: usize) {
+async fn run(tenants: usize, rounds: usize, rate: usize) {
     let (db, admin) = fresh_database().await;
     let url = db.url().to_owned();
     let server = server_info(&admin).await;
@@ -609,14 +635,14 @@ async fn run(tenants: usize, rounds: usize) {
 
     let log = Arc::new(LoadLog::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let load = start_load(fleet.clone(), tenants, log.clone(), stop.clone());
+    let load = start_load(fleet.clone(), tenants, log.clone(), stop.clone(), rate);
 
     // Part 1: a 5th replica joins, `rounds` times (closing in between).
     let mut joins = Vec::new();
     for round in 0..rounds {
         let joined = join_round(&url, &fleet, &admin, &log, "r5").await;
         eprintln!(
-            "join {}: converged in {:.2} s (moves from {:.2} to {:.2} s after it registered, last pickup {:.2} s), moved {} (share {}, {} elsewhere), spread {:.1} %, failed {}, p99 {:.1} → {:.1} ms ({:.1} ms for the tenants that did not move)",
+            "join {}: converged in {:.2} s (moves from {:.2} to {:.2} s after it registered, last pickup {:.2} s), moved {} (share {}, {} elsewhere), spread {:.1} %, failed {}, p99 {:.1} → {:.1} ms ({:.1} ms for the tenants that did not move), {:.0} → {:.0} requests/s",
             round + 1,
             joined.converge.as_secs_f64(),
             joined.timeline.0,
@@ -629,7 +655,9 @@ async fn run(tenants: usize, rounds: usize) {
             joined.failed,
             ms(joined.p99_base),
             ms(joined.p99_move),
-            ms(joined.p99_unmoved)
+            ms(joined.p99_unmoved),
+            joined.throughput.0,
+            joined.throughput.1
         );
         joins.push(joined);
         if round + 1 < rounds {
@@ -761,6 +789,32 @@ async fn run(tenants: usize, rounds: usize) {
         })
         .unwrap_or_default();
     let expired_after = (expires_at - killed_db).max(0.0);
+    // Per survivor: takeovers, in how many transactions (a batch shares one now(), which
+    // `acquired_at` records), from when to when (the transactions' starts).
+    for row in admin
+        .query(
+            "SELECT t.owner, count(*), count(DISTINCT t.acquired_at),
+                    extract(epoch FROM min(t.acquired_at))::float8 - $1,
+                    extract(epoch FROM max(t.acquired_at))::float8 - $1
+               FROM pgtenant.tenants t
+              WHERE t.key IN (SELECT h.tenant_key FROM pgtenant.history h
+                               WHERE h.event = 'broken' AND h.replica_id = 'r6'
+                                 AND h.at >= to_timestamp($1))
+              GROUP BY t.owner ORDER BY t.owner",
+            &[&killed_db],
+        )
+        .await
+        .expect("takeovers")
+    {
+        eprintln!(
+            "{} took over {} of r6's tenants in {} transactions, {:.2} to {:.2} s after the kill",
+            row.get::<_, String>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2),
+            row.get::<_, f64>(3),
+            row.get::<_, f64>(4)
+        );
+    }
     let away: i64 = admin
         .query_one(
             "SELECT count(*) FROM pgtenant.placement WHERE NOT at_home",
@@ -787,9 +841,7 @@ async fn run(tenants: usize, rounds: usize) {
     let max_share_ratio = took.values().copied().max().unwrap_or(0) as f64 / even.max(1.0);
 
     stop.store(true, Ordering::Relaxed);
-    for task in load {
-        let _ = task.await;
-    }
+    let _ = load.await;
     // Every acknowledged row, looked for.
     let acked = std::mem::take(&mut *log.acked.lock().expect("log"));
     let mut by_tenant: HashMap<usize, Vec<i64>> = HashMap::new();
@@ -856,7 +908,7 @@ async fn run(tenants: usize, rounds: usize) {
     let _ = writeln!(
         report,
         "`{COMMAND}`, {} (PostgreSQL {}), CPU {}, {} tenants, {} replicas in this process + 1 \
-         child, ttl {:?}, stability window {:?}, {LOAD_TASKS} load tasks, pool {POOL_SIZE} per \
+         child, ttl {:?}, stability window {:?}, a load of {rate} requests/s, pool {POOL_SIZE} per \
          replica.\n",
         server.date,
         server.pg_version,
@@ -877,7 +929,10 @@ async fn run(tenants: usize, rounds: usize) {
         report,
         "| round | converge s | first move s | last move s | last pickup s | moved | share | moved between others | spread % | failed | p99 before ms | p99 during ms | p99 during, unmoved tenants ms |"
     );
-    let _ = writeln!(report, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        report,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    );
     for (i, j) in joins.iter().enumerate() {
         let _ = writeln!(
             report,

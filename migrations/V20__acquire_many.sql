@@ -78,3 +78,25 @@ BEGIN
     END IF;
 END $$;
 REVOKE ALL ON FUNCTION pgtenant.grant_roles(name, name) FROM PUBLIC;
+
+-- A seal already there needs no lock. Each takeover of a sealed incarnation's tenant locked
+-- that replica's row FOR NO KEY UPDATE until its transaction ended, so batches taking over a
+-- dead replica's tenants at several survivors ran one after another: 64 takeovers in 410 ms
+-- against 16 pickups in 5 ms, lock waits in 40 % of samples of their backends. A committed
+-- seal is seen by every later bind (which locks the row and reads the seals), and what bound
+-- before it is terminated by terminate_bound, which still runs for each takeover.
+CREATE OR REPLACE FUNCTION pgtenant.seal_incarnation(p_replica text, p_incarnation bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgtenant.seals s
+                WHERE s.replica_id = p_replica AND s.incarnation = p_incarnation) THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM pgtenant.replicas r
+     WHERE r.replica_id = p_replica AND r.session_fencing_incarnation = p_incarnation
+       FOR NO KEY UPDATE;
+    IF FOUND THEN
+        INSERT INTO pgtenant.seals (replica_id, incarnation) VALUES (p_replica, p_incarnation)
+        ON CONFLICT DO NOTHING;
+    END IF;
+END $$;

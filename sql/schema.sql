@@ -2372,6 +2372,10 @@ CREATE OR REPLACE FUNCTION pgtenant.seal_incarnation(p_replica text, p_incarnati
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
 BEGIN
+    IF EXISTS (SELECT 1 FROM pgtenant.seals s
+                WHERE s.replica_id = p_replica AND s.incarnation = p_incarnation) THEN
+        RETURN;
+    END IF;
     PERFORM 1 FROM pgtenant.replicas r
      WHERE r.replica_id = p_replica AND r.session_fencing_incarnation = p_incarnation
        FOR NO KEY UPDATE;

@@ -699,3 +699,55 @@ async fn a_batched_acquisition_answers_each_tenant_on_its_own_and_refuses_a_forg
     assert_eq!(transactions, 1, "the batch's acquisitions commit together");
     holder.close().await;
 }
+
+/// A batch takes over the tenants of a replica whose process died (its lease session gone, its
+/// heartbeat row not yet expired), each in the batch's one transaction, as `acquire` does one.
+#[tokio::test]
+async fn a_batched_acquisition_takes_over_a_dead_replicas_tenants() {
+    use support::by_hand::{connect, register_by_hand};
+    let (db, client) = database().await;
+    let ids: Vec<TenantId> = (0..4).map(|i| tenant(&format!("batch-dead-{i}"))).collect();
+    let dead = Router::start(options(db.url(), "rb-dead").ttl(Duration::from_secs(60)))
+        .await
+        .expect("router");
+    create_at(&dead, &ids).await;
+    // Dropped without close(): as after a SIGKILL, its sessions end and its row says alive.
+    drop(dead);
+    let session = connect(db.url()).await;
+    let (incarnation, secret) = register_by_hand(&session, "rb-heir").await;
+    let keys: Vec<String> = ids.iter().map(|id| id.key().to_owned()).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answers = loop {
+        let answers: Vec<(String, Option<String>, Option<String>, Option<String>)> = session
+            .query(
+                "SELECT key, took_over, error_code, error_message
+                   FROM pgtenant.acquire_many($1, 'rb-heir', $2, $3, 2000, 100, 1000)",
+                &[&keys, &incarnation, &secret],
+            )
+            .await
+            .expect("acquire_many")
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+            .collect();
+        // Its pooled sessions may take a moment to end after the drop.
+        if answers.iter().all(|a| a.2.is_none()) || Instant::now() >= deadline {
+            break answers;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.1.as_deref() == Some("dead") && a.2.is_none()),
+        "every tenant taken over from the dead replica: {answers:?}"
+    );
+    let transactions: i64 = client
+        .query_one(
+            "SELECT count(DISTINCT acquired_at) FROM pgtenant.tenants WHERE owner = 'rb-heir'",
+            &[],
+        )
+        .await
+        .expect("tenants")
+        .get(0);
+    assert_eq!(transactions, 1, "the takeovers commit together");
+}

@@ -391,6 +391,52 @@ async fn a_connection_bound_during_a_seal_is_refused() {
     owner.close().await;
 }
 
+/// Sealing an incarnation that is sealed already takes no lock on its replica row (control
+/// plane V20): batched takeovers of a dead replica's tenants at several survivors each sealed
+/// it, and each held the row until its batch committed, so they ran one after another.
+#[tokio::test]
+async fn sealing_a_sealed_incarnation_waits_for_nobody() {
+    let (db, _client) = database().await;
+    let owner = Router::start(session(db.url(), "twice-sealed").pool_size(2))
+        .await
+        .unwrap();
+    let incarnation = owner.incarnation().unwrap();
+    let first = db.connect().await.unwrap();
+    first
+        .execute(
+            "SELECT pgtenant.seal_incarnation('twice-sealed', $1)",
+            &[&incarnation],
+        )
+        .await
+        .unwrap();
+    // A transaction holding the row as a batch that sealed it and has not committed does.
+    let mut holder = db.connect().await.unwrap();
+    let holding = holder.transaction().await.unwrap();
+    holding
+        .execute(
+            "SELECT 1 FROM pgtenant.replicas WHERE replica_id = 'twice-sealed' FOR NO KEY UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut second = db.connect().await.unwrap();
+    let sealing = second.transaction().await.unwrap();
+    sealing
+        .batch_execute("SET LOCAL lock_timeout = '200ms'")
+        .await
+        .unwrap();
+    sealing
+        .execute(
+            "SELECT pgtenant.seal_incarnation('twice-sealed', $1)",
+            &[&incarnation],
+        )
+        .await
+        .expect("a second seal does not wait for the row");
+    drop(sealing);
+    drop(holding);
+    drop(owner);
+}
+
 /// Work stuck past a handoff's drain timeout, then the replica closes: its backend is terminated
 /// before the release, so the next owner's commits come after it and see none of its writes.
 #[tokio::test]

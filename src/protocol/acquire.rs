@@ -412,7 +412,9 @@ pub(crate) async fn acquire_batch(shared: &Arc<Replica>, ids: &[TenantId]) -> Re
                     Ok(lease) => settled.push((id, lease)),
                     // Reported by settle (quarantine, a schema ahead of this code, a failed
                     // upgrade), as an open reports it.
-                    Err(error) => debug!(tenant = %id, %error, "a batched acquisition is not served"),
+                    Err(error) => {
+                        debug!(tenant = %id, %error, "a batched acquisition is not served")
+                    }
                 }
             }
             Err((code, message)) => {
