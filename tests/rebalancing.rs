@@ -700,6 +700,9 @@ async fn a_batched_acquisition_answers_each_tenant_on_its_own_and_refuses_a_forg
     holder.close().await;
 }
 
+/// One key's answer: key, took_over, error_code, error_message.
+type Answer = (String, Option<String>, Option<String>, Option<String>);
+
 /// A batch takes over the tenants of a replica whose process died (its lease session gone, its
 /// heartbeat row not yet expired), each in the batch's one transaction, as `acquire` does one.
 #[tokio::test]
@@ -718,7 +721,7 @@ async fn a_batched_acquisition_takes_over_a_dead_replicas_tenants() {
     let keys: Vec<String> = ids.iter().map(|id| id.key().to_owned()).collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     let answers = loop {
-        let answers: Vec<(String, Option<String>, Option<String>, Option<String>)> = session
+        let answers: Vec<Answer> = session
             .query(
                 "SELECT key, took_over, error_code, error_message
                    FROM pgtenant.acquire_many($1, 'rb-heir', $2, $3, 2000, 100, 1000)",

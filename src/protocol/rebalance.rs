@@ -24,6 +24,9 @@
 //! moved tenant is served again within milliseconds rather than at its next request. A forged
 //! notice costs one indexed read: only what is really reserved here is opened. The reads also
 //! run every [`PICKUP_EVERY`] in case a notice was missed (the lease session reconnecting).
+//! What this task opens unasked, reserved or orphaned, it acquires in batches
+//! (`open::open_many`, `pgtenant.acquire_many`): one acquisition per tenant topped out near
+//! 600 a second under the placement benchmark's load, behind the moves it was picking up.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
