@@ -150,13 +150,13 @@ async fn bounded(
 }
 
 /// Opens many existing tenants with one acquisition statement (`acquire::acquire_batch`): what
-/// rebalancing picks up. The batch takes the open gate of each tenant it acquires, so an open
-/// of one of them meanwhile waits for it and then finds the tenant served here. Left out of the
-/// batch: tenants served or drained here, being opened already, beyond capacity, or with work
-/// of an earlier lease of this incarnation still running (returned, for the ordinary open,
-/// which waits for it). Of those the batch did not acquire, all but the ones another replica
-/// holds, that are gone or that are quarantined are returned too. The batch runs in its own task, so a caller that stops
-/// waiting strands no lease.
+/// rebalancing picks up; (opened, left for the ordinary open). The batch takes the open gate
+/// of each tenant it acquires, so an open of one of them meanwhile waits for it and then finds
+/// the tenant served here. Left out of the batch: tenants served or drained here, being opened
+/// already, beyond capacity, or with work of an earlier lease of this incarnation still running
+/// (returned, for the ordinary open, which waits for it). Of those the batch did not acquire,
+/// all are returned but the ones an ordinary open would only be refused again. The batch runs
+/// in its own task, so a caller that stops waiting strands no lease.
 pub(crate) async fn open_many(shared: &Arc<Replica>, ids: Vec<TenantId>) -> (usize, Vec<TenantId>) {
     let Ok(credentials) = shared.current_credentials() else {
         return (0, Vec::new());
@@ -206,7 +206,12 @@ pub(crate) async fn open_many(shared: &Arc<Replica>, ids: Vec<TenantId>) -> (usi
             match result {
                 Ok(done) => {
                     // An ordinary open would only meet these again.
-                    let hopeless = [sqlstate::HELD, sqlstate::NO_TENANT, sqlstate::QUARANTINED];
+                    let hopeless = [
+                        sqlstate::HELD,
+                        sqlstate::NO_TENANT,
+                        sqlstate::QUARANTINED,
+                        sqlstate::NOT_REGISTERED,
+                    ];
                     let refused = done
                         .refused
                         .into_iter()
