@@ -4,7 +4,8 @@
 //!
 //! Run with `cargo run --release --example bench_placement` (PostgreSQL on 127.0.0.1:5432, or
 //! whatever `pgtenant_testkit::TestDatabase::create` finds; only 127.0.0.1 is accepted);
-//! `-- --tenants N` for a smaller fleet, `-- --rounds R` for the join's rounds. In one run:
+//! `-- --tenants N` for a smaller fleet, `-- --rounds R` for the join's rounds, `-- --rate Q`
+//! for the load, `-- --moves-per-second M` for the rebalancing rate. In one run:
 //!
 //! 1. **Join.** 4 replicas (routers in this process) hold `N` open tenants (10 000), each at its
 //!    home; a 5th joins. Measured: the time from its start until every replica holds exactly
@@ -54,6 +55,8 @@ const REPLICAS: usize = 4;
 const POOL_SIZE: usize = 16;
 const TTL: Duration = Duration::from_secs(2);
 const STABLE_FOR: Duration = Duration::from_secs(1);
+/// `RouterOptions::placement_moves_per_second`'s default.
+const MOVES_PER_SECOND: usize = 2_000;
 /// The load's requests a second (`--rate`): well below what this machine serves (~700/s).
 const LOAD_RATE: usize = 300;
 const CREATE_CONCURRENCY: usize = 32;
@@ -82,6 +85,9 @@ fn options(url: &str, name: &str) -> RouterOptions {
         .address(format!("bench://{name}"))
         .placement(true)
         .placement_stable_for(STABLE_FOR)
+        // `--moves-per-second`: the rebalancing rate, to weigh convergence against the load's
+        // p99 (the library's default unless given).
+        .placement_moves_per_second(arg("--moves-per-second", MOVES_PER_SECOND))
 }
 
 fn tenant(i: usize) -> TenantId {
@@ -908,15 +914,16 @@ async fn run(tenants: usize, rounds: usize, rate: usize) {
     let _ = writeln!(
         report,
         "`{COMMAND}`, {} (PostgreSQL {}), CPU {}, {} tenants, {} replicas in this process + 1 \
-         child, ttl {:?}, stability window {:?}, a load of {rate} requests/s, pool {POOL_SIZE} per \
-         replica.\n",
+         child, ttl {:?}, stability window {:?}, {} moves/s, a load of {rate} requests/s, pool \
+         {POOL_SIZE} per replica.\n",
         server.date,
         server.pg_version,
         cpu_model().unwrap_or_default(),
         tenants,
         REPLICAS + 1,
         TTL,
-        STABLE_FOR
+        STABLE_FOR,
+        arg("--moves-per-second", MOVES_PER_SECOND)
     );
     let _ = writeln!(report, "## Join ({rounds} rounds)\n");
     let _ = writeln!(
