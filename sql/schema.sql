@@ -1699,16 +1699,21 @@ CREATE OR REPLACE FUNCTION pgtenant.orphaned_homes(p_replica text, p_limit integ
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-WITH members AS MATERIALIZED (
-    SELECT c.replica_id, c.weight FROM pgtenant.placement_candidates c
+WITH live AS MATERIALIZED (
+    SELECT l.replica_id, l.lock_held FROM pgtenant.replica_liveness l
+), members AS MATERIALIZED (
+    SELECT c.replica_id, c.weight
+      FROM pgtenant.placement_candidates c JOIN live USING (replica_id)
+     WHERE live.lock_held
 ), orphans AS MATERIALIZED (
-    -- Held by an incarnation that is over: expired, deregistered, or replaced by a newer one.
-    -- Materialized, so homes are computed for these few only (1.1 s for 10 000 tenants when
-    -- the planner pushed the home down to every tenant; 11 ms so).
+    -- Held by an incarnation that is over: expired, deregistered, its lease session gone, or
+    -- replaced by a newer one. Materialized, so homes are computed for these few only (1.1 s
+    -- for 10 000 tenants when the planner pushed the home down to every tenant; 11 ms so).
     SELECT t.key
       FROM pgtenant.replicas r
+      JOIN live ON live.replica_id = r.replica_id
       JOIN pgtenant.tenants t ON t.owner = r.replica_id
-     WHERE (r.released_at IS NOT NULL OR r.expires_at <= now()
+     WHERE (r.released_at IS NOT NULL OR r.expires_at <= now() OR NOT live.lock_held
             OR t.owner_incarnation IS DISTINCT FROM r.incarnation)
        AND t.schema_name IS NOT NULL
     UNION
@@ -1725,7 +1730,7 @@ WITH members AS MATERIALIZED (
 )
 SELECT h.key FROM homes h WHERE h.home = p_replica ORDER BY h.key LIMIT p_limit
 $function$;
-COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS 'Tenants whose home among the live replicas is p_replica and that nobody will serve unasked: held by an incarnation that is over (expired, deregistered or replaced), or free and reserved for a replica that is not a live home (gone or leaving). What p_replica takes over, and nobody else, after a crash or a close. At most p_limit rows.';
+COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS 'Tenants whose home among the live replicas (lease session holding the liveness lock) is p_replica and that nobody will serve unasked: held by an incarnation that is over (expired, deregistered, lease session gone, or replaced), or free and reserved for a replica that is not a live home (gone or leaving). What p_replica takes over, and nobody else, after a crash or a close. At most p_limit rows.';
 REVOKE EXECUTE ON FUNCTION pgtenant.orphaned_homes(text, integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.parked_alarms(p_key text)
@@ -1763,9 +1768,11 @@ SELECT c.replica_id, c.weight,
        r.started_at <= now() - p_stable_ms * interval '1 millisecond'
   FROM pgtenant.placement_candidates c
   JOIN pgtenant.replicas r USING (replica_id)
+  JOIN pgtenant.replica_liveness l USING (replica_id)
+ WHERE l.lock_held
  ORDER BY c.replica_id
 $function$;
-COMMENT ON FUNCTION pgtenant.placement_members(integer) IS 'The replicas tenants are placed on (placement_candidates), their weights, and whether each has been alive, in its current incarnation, for p_stable_ms: rebalancing moves tenants only to stable ones.';
+COMMENT ON FUNCTION pgtenant.placement_members(integer) IS 'The replicas tenants are placed on (placement_candidates) whose lease session holds their liveness lock, their weights, and whether each has been alive, in its current incarnation, for p_stable_ms: rebalancing moves tenants only to stable ones.';
 REVOKE EXECUTE ON FUNCTION pgtenant.placement_members(integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.placement_moves(p_replica text, p_stable_ms integer, p_leaving boolean, p_limit integer)

@@ -627,6 +627,69 @@ async fn a_history_with_rebalancing_under_kills_pauses_terminations_and_cancella
     );
 }
 
+/// A SIGKILLed replica's tenants are taken over by their next homes as soon as its lease session
+/// is gone, not when its heartbeat row expires (control plane V20): with a 60 s ttl the
+/// survivors hold them within seconds, each by its home among them, unasked.
+#[tokio::test]
+async fn a_killed_replicas_tenants_are_taken_over_before_its_heartbeat_expires() {
+    let (db, client) = database().await;
+    let mut child = ReplicaProcess::spawn_with(
+        "replica_child",
+        db.url(),
+        "early-dead",
+        &[
+            ("PGTENANT_TEST_PLACEMENT", "3600000"),
+            ("PGTENANT_TEST_TTL", "60000"),
+        ],
+    );
+    child.ready().await;
+    let ledgers: Vec<String> = (0..12).map(|i| format!("early-{i}")).collect();
+    for ledger in &ledgers {
+        let reply = child.request(&format!("open {ledger}")).await;
+        assert!(
+            reply.as_deref().is_some_and(|r| r.starts_with("opened")),
+            "{reply:?}"
+        );
+    }
+    let b = start(db.url(), "early-b", STABLE).await;
+    let c = start(db.url(), "early-c", STABLE).await;
+    let keys: Vec<String> = ledgers.iter().map(|l| tenant(l).key().to_owned()).collect();
+    let expected = homes(&client, &keys, &["early-b", "early-c"]).await;
+    child.kill();
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(15);
+    loop {
+        let held = owners(&client).await;
+        if keys
+            .iter()
+            .all(|k| held[k].as_deref() == Some(expected[k].as_str()))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all taken over by their homes {:?} after the kill (ttl 60 s): {held:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await; // polling a condition
+    }
+    let expires_in: f64 = client
+        .query_one(
+            "SELECT extract(epoch FROM expires_at - now())::float8 FROM pgtenant.replicas
+              WHERE replica_id = 'early-dead'",
+            &[],
+        )
+        .await
+        .expect("replica row")
+        .get(0);
+    assert!(
+        expires_in > 30.0,
+        "taken over long before the heartbeat row expires ({expires_in:.1} s left)"
+    );
+    b.close().await;
+    c.close().await;
+}
+
 /// A pickup's batch (`pgtenant.acquire_many`, control plane V20): each tenant is answered on
 /// its own (acquired, held by another, gone), the acquired ones in one transaction, and a
 /// caller that is not the incarnation is refused as a whole before anything changes.

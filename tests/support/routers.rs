@@ -29,6 +29,11 @@ pub(crate) fn options(url: &str, replica: &str) -> RouterOptions {
         .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
         .pool_size(8)
         .fencing(fencing());
+    // A child process whose lease must outlive the test (ms).
+    let options = match std::env::var("PGTENANT_TEST_TTL").map(|ms| ms.parse::<u64>()) {
+        Ok(Ok(ttl_ms)) => options.ttl(Duration::from_millis(ttl_ms)),
+        _ => options,
+    };
     // A child process of a placement test: placement on, with this stability window (ms).
     match std::env::var("PGTENANT_TEST_PLACEMENT").map(|ms| ms.parse::<u64>()) {
         Ok(Ok(stable_ms)) => placed(options, replica, Duration::from_millis(stable_ms)),
