@@ -160,3 +160,60 @@ SELECT h.key FROM homes h WHERE h.home = p_replica ORDER BY h.key LIMIT p_limit
 $$;
 COMMENT ON FUNCTION pgtenant.orphaned_homes(text, integer) IS
     'Tenants whose home among the live replicas (lease session holding the liveness lock) is p_replica and that nobody will serve unasked: held by an incarnation that is over (expired, deregistered, lease session gone, or replaced), or free and reserved for a replica that is not a live home (gone or leaving). What p_replica takes over, and nobody else, after a crash or a close. At most p_limit rows.';
+
+-- Nothing bound to the incarnation (never session-fenced, or its sessions terminated and
+-- forgotten by an earlier takeover): nothing to do, without the two pg_stat_activity snapshots.
+-- A takeover runs this twice (acquire, then the seal_on_takeover trigger), and a crash's
+-- takeovers each ran it for an incarnation whose rows the first one had deleted. The same
+-- answer as V7's body, whose first statement finds no row either.
+CREATE OR REPLACE FUNCTION pgtenant.terminate_bound(p_replica text, p_incarnation bigint, p_pids integer[],
+                                                    p_timeout_ms bigint)
+RETURNS integer
+-- A backend that exits between the snapshot and its signal makes pg_terminate_backend warn;
+-- it is gone, which is what the seal wants, so the warning is noise.
+LANGUAGE plpgsql SET search_path = pg_catalog, pgtenant SET client_min_messages = error AS $$
+DECLARE
+    v_targets integer[];
+    v_left integer[];
+    v_deadline timestamptz := clock_timestamp() + greatest(p_timeout_ms, 1) * interval '1 millisecond';
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.sessions ss
+                    WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation) THEN
+        RETURN 0;
+    END IF;
+    -- pg_stat_activity is read once per transaction and then cached: clear it to see now.
+    PERFORM pg_stat_clear_snapshot();
+    SELECT array_agg(ss.pid) INTO v_targets
+      FROM pgtenant.sessions ss
+      JOIN pg_stat_activity a ON a.pid = ss.pid AND a.backend_start = ss.backend_start
+     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+       AND (p_pids IS NULL OR ss.pid = ANY (p_pids))
+       AND ss.pid <> pg_backend_pid();
+    IF v_targets IS NOT NULL THEN
+        PERFORM pg_terminate_backend(pid) FROM unnest(v_targets) AS pid;
+        LOOP
+            PERFORM pg_stat_clear_snapshot();
+            -- A backend leaves pg_stat_activity after its transaction was aborted (proc_exit
+            -- runs the abort before it clears its status entry): gone from here, it commits
+            -- nothing more.
+            SELECT array_agg(ss.pid) INTO v_left
+              FROM pgtenant.sessions ss
+              JOIN pg_stat_activity a ON a.pid = ss.pid AND a.backend_start = ss.backend_start
+             WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+               AND ss.pid = ANY (v_targets);
+            EXIT WHEN v_left IS NULL;
+            IF clock_timestamp() >= v_deadline THEN
+                RAISE EXCEPTION USING ERRCODE = 'PTE01',
+                    MESSAGE = format('backends %s of replica %s incarnation %s did not exit within %s ms',
+                                     v_left, p_replica, p_incarnation, p_timeout_ms),
+                    HINT = 'retry: nothing moved; the backends are being terminated';
+            END IF;
+            PERFORM pg_sleep(0.001);
+        END LOOP;
+    END IF;
+    DELETE FROM pgtenant.sessions ss
+     WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation
+       AND (p_pids IS NULL OR ss.pid = ANY (p_pids))
+       AND ss.pid <> pg_backend_pid();
+    RETURN coalesce(cardinality(v_targets), 0);
+END $$;

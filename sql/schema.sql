@@ -2629,6 +2629,10 @@ DECLARE
     v_left integer[];
     v_deadline timestamptz := clock_timestamp() + greatest(p_timeout_ms, 1) * interval '1 millisecond';
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.sessions ss
+                    WHERE ss.replica_id = p_replica AND ss.incarnation = p_incarnation) THEN
+        RETURN 0;
+    END IF;
     -- pg_stat_activity is read once per transaction and then cached: clear it to see now.
     PERFORM pg_stat_clear_snapshot();
     SELECT array_agg(ss.pid) INTO v_targets
