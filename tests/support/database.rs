@@ -114,8 +114,8 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 20] = [
         include_str!("../../migrations/V19__alarm_requests.sql"),
     ),
     (
-        "V20__acquire_many",
-        include_str!("../../migrations/V20__acquire_many.sql"),
+        "V20__pickups_and_takeovers",
+        include_str!("../../migrations/V20__pickups_and_takeovers.sql"),
     ),
 ];
 

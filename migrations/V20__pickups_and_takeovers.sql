@@ -1,3 +1,8 @@
+-- Placement's pickups and takeovers (#30), four parts: `acquire_many` (many acquisitions in one
+-- statement), `seal_incarnation` (no lock when sealed already), `placement_members` and
+-- `orphaned_homes` (a killed replica seen by its liveness lock), `terminate_bound` (nothing
+-- bound, nothing to read).
+--
 -- Batched acquisitions (#30). A replica picking up the tenants reserved for it (a join's
 -- moves, a close's handoffs) or taking over a dead replica's tenants whose home it is opened
 -- them one `acquire` each: one round trip and one commit per tenant, ~600 a second on two
