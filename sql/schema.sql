@@ -24,7 +24,7 @@
 --   V17__leaving
 --   V18__alarms
 --   V19__alarm_requests
---   V20__acquire_many
+--   V20__pickups_and_takeovers
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
