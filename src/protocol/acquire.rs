@@ -356,6 +356,9 @@ pub(crate) async fn install_handle(
         crate::metrics::leases_held(shared.options.replica_id.as_str(), handles.len());
     }
     crate::metrics::lease_acquired();
+    shared
+        .maybe_away
+        .store(true, std::sync::atomic::Ordering::Release);
     shared.emit(event);
     // Closed while acquiring: give it straight back rather than leak it.
     if shared.is_closed() {

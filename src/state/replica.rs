@@ -57,6 +57,10 @@ pub(crate) struct Replica {
     /// so that no acquisition commits after the replica deregistered.
     pub(crate) acquiring: AtomicUsize,
     pub(crate) acquired: Notify,
+    /// A tenant was opened here since rebalancing last looked for tenants away from home (on
+    /// demand, anywhere: perhaps not at its home), or a move failed: the next periodic look is
+    /// worth its cost (homes of every tenant held here).
+    pub(crate) maybe_away: AtomicBool,
     pub(crate) closed: AtomicBool,
     /// Set when the last `Router` clone was dropped: nothing registers again, and the handles
     /// say so ([`Error::RouterClosed`]) rather than "registering again".
@@ -109,6 +113,7 @@ impl Replica {
             retiring: Mutex::new(Vec::new()),
             opening: Mutex::new(HashMap::new()),
             acquiring: AtomicUsize::new(0),
+            maybe_away: AtomicBool::new(true),
             acquired: Notify::new(),
             closed: AtomicBool::new(false),
             dropped: AtomicBool::new(false),
