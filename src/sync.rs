@@ -57,3 +57,22 @@ pub(crate) async fn join_all<F: std::future::Future<Output = ()>>(
     })
     .await
 }
+
+/// Runs `work` on each of `items`, `lanes` at a time, on this task: each lane takes the next
+/// item when its last one is done (a slow item holds up one lane, not a whole batch).
+pub(crate) async fn in_lanes<I, F, Fut>(items: I, lanes: usize, work: F)
+where
+    I: IntoIterator,
+    F: Fn(I::Item) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let queue = Mutex::new(items.into_iter());
+    let lane = || async {
+        loop {
+            let next = lock(&queue).next();
+            let Some(item) = next else { return };
+            work(item).await;
+        }
+    };
+    join_all((0..lanes).map(|_| lane())).await;
+}

@@ -386,9 +386,12 @@ pub(crate) struct Batch {
 /// Acquires the existing tenants `ids` in one statement and one commit
 /// (`pgtenant.acquire_many`, each tenant in its own subtransaction), then settles and installs
 /// each like [`acquire`]. The caller holds each tenant's open gate, and has checked that no
-/// earlier lease of it held by this incarnation is still at work.
-pub(crate) async fn acquire_batch(shared: &Arc<Replica>, ids: &[TenantId]) -> Result<Batch> {
-    let credentials = shared.current_credentials()?;
+/// earlier lease of it held by `credentials`' registration is still at work.
+pub(crate) async fn acquire_batch(
+    shared: &Arc<Replica>,
+    ids: &[TenantId],
+    credentials: Arc<Credentials>,
+) -> Result<Batch> {
     let mut client = shared
         .pool
         .get()

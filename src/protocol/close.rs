@@ -15,7 +15,7 @@ use crate::lease::{Epoch, HandleState};
 use crate::protocol::handoff::hand_over;
 use crate::replica_id::ReplicaId;
 use crate::state::replica::{HeldLease, Replica};
-use crate::sync::{join_all, lock};
+use crate::sync::{in_lanes, lock};
 
 /// What [`Router::close`](crate::Router::close) did. Serializes (for a shutdown log line) with each failure as
 /// `{"tenant", "kind", "message"}`.
@@ -66,33 +66,29 @@ pub(crate) async fn hand_off_all(shared: &Replica) -> CloseReport {
     } else {
         HashMap::new()
     };
-    let queue = Mutex::new(queue.into_iter());
     let report = Mutex::new(CloseReport::default());
-    let lane = || async {
-        loop {
-            let next = lock(&queue).next();
-            let Some(inner) = next else { return };
-            let id = inner.id.clone();
-            let home = homes.get(&id).filter(|(epoch, _)| *epoch == inner.epoch);
-            match hand_over(&inner, home.map(|(_, home)| home)).await {
-                Ok(()) => lock(&report).handed_off.push(id),
-                // A forget (or another handoff) is under way: wait for it to finish.
-                Err(Error::Draining { .. }) if inner.wait_ended(options.drain_timeout).await => {
-                    let mut report = lock(&report);
-                    if inner.state() == HandleState::Forgotten {
-                        report.forgotten.push(id);
-                    } else {
-                        report.handed_off.push(id);
-                    }
-                }
-                Err(error) => {
-                    warn!(tenant = %id, %error, "handoff on close failed");
-                    lock(&report).failed.push((id, error));
+    let (report_ref, homes) = (&report, &homes);
+    in_lanes(queue, options.close_concurrency, |inner| async move {
+        let id = inner.id.clone();
+        let home = homes.get(&id).filter(|(epoch, _)| *epoch == inner.epoch);
+        match hand_over(&inner, home.map(|(_, home)| home)).await {
+            Ok(()) => lock(report_ref).handed_off.push(id),
+            // A forget (or another handoff) is under way: wait for it to finish.
+            Err(Error::Draining { .. }) if inner.wait_ended(options.drain_timeout).await => {
+                let mut report = lock(report_ref);
+                if inner.state() == HandleState::Forgotten {
+                    report.forgotten.push(id);
+                } else {
+                    report.handed_off.push(id);
                 }
             }
+            Err(error) => {
+                warn!(tenant = %id, %error, "handoff on close failed");
+                lock(report_ref).failed.push((id, error));
+            }
         }
-    };
-    join_all((0..options.close_concurrency).map(|_| lane())).await;
+    })
+    .await;
     // Connections parked for tenants now handed off go back to the pool, to be closed with it.
     shared.parking.clear();
     report

@@ -12,7 +12,7 @@ use crate::id::TenantId;
 use crate::protocol::tenant_migrations::{migrate_held, MigrationOutcome, TenantMigration};
 use crate::schema_version::SchemaVersion;
 use crate::state::replica::{HeldLease, Replica};
-use crate::sync::{join_all, lock};
+use crate::sync::{in_lanes, lock};
 
 /// [`Router::migrate_all`](crate::Router::migrate_all).
 pub(crate) async fn migrate_all(
@@ -38,29 +38,25 @@ pub(crate) async fn migrate_all(
             .map_err(Error::db("list tenants behind on migrations"))?
     };
     let total = behind.len();
-    let queue = Mutex::new(behind.into_iter());
     let results = Mutex::new(Vec::with_capacity(total));
-    let lane = || async {
-        loop {
-            let next = lock(&queue).next();
-            let Some((key, from)) = next else { return };
-            // The control plane's check constraint admits valid ids only.
-            let Ok(id) = TenantId::parse(&key) else {
-                continue;
-            };
-            let outcome = migrate_one(shared, &id, from, code).await;
-            let mut results = lock(&results);
-            let entry = TenantMigration {
-                tenant: id,
-                outcome,
-                done: results.len() + 1,
-                total,
-            };
-            progress(&entry);
-            results.push(entry);
-        }
-    };
-    join_all((0..concurrency).map(|_| lane())).await;
+    let (results_ref, progress) = (&results, &progress);
+    in_lanes(behind, concurrency, |(key, from)| async move {
+        // The control plane's check constraint admits valid ids only.
+        let Ok(id) = TenantId::parse(&key) else {
+            return;
+        };
+        let outcome = migrate_one(shared, &id, from, code).await;
+        let mut results = lock(results_ref);
+        let entry = TenantMigration {
+            tenant: id,
+            outcome,
+            done: results.len() + 1,
+            total,
+        };
+        progress(&entry);
+        results.push(entry);
+    })
+    .await;
     Ok(results
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner()))

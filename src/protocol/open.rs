@@ -197,7 +197,8 @@ pub(crate) async fn open_many(shared: &Arc<Replica>, ids: Vec<TenantId>) -> (usi
     let task = tokio::spawn(
         async move {
             let _running = running;
-            let result = crate::protocol::acquire::acquire_batch(&task_shared, &batch).await;
+            let result =
+                crate::protocol::acquire::acquire_batch(&task_shared, &batch, credentials).await;
             for (id, turn) in batch.iter().zip(turns) {
                 let gate = tokio::sync::OwnedMutexGuard::mutex(&turn).clone();
                 drop(turn);

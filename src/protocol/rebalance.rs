@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::id::TenantId;
 use crate::state::liveness::{Notice, RESERVED_CHANNEL};
 use crate::state::replica::Replica;
-use crate::sync::join_all;
+use crate::sync::in_lanes;
 
 /// How often the members are read.
 pub(crate) const PERIOD: Duration = Duration::from_millis(250);
@@ -211,32 +211,24 @@ async fn take_over_orphans(replica: &Arc<Replica>, budget: usize) -> Result<usiz
 /// [`PICKUP_LANES`] at a time; how many there were.
 async fn open_all(replica: &Arc<Replica>, tenants: Vec<TenantId>) -> Result<usize> {
     let listed = tenants.len();
-    let chunks = std::sync::Mutex::new(tenants.chunks(PICKUP_BATCH_SIZE).map(<[_]>::to_vec));
     let rest = std::sync::Mutex::new(Vec::new());
-    let batches = || async {
-        loop {
-            let next = crate::sync::lock(&chunks).next();
-            let Some(chunk) = next else { return };
-            let (opened, left) = crate::protocol::open::open_many(replica, chunk).await;
-            crate::metrics::placement_pickups(opened);
-            crate::sync::lock(&rest).extend(left);
-        }
-    };
-    join_all((0..PICKUP_BATCHES).map(|_| batches())).await;
-    let queue = std::sync::Mutex::new(crate::sync::lock(&rest).split_off(0).into_iter());
-    let lane = || async {
-        loop {
-            let next = crate::sync::lock(&queue).next();
-            let Some(id) = next else { return };
-            match crate::protocol::open::open(replica, &id, false).await {
-                Ok(_) => crate::metrics::placement_pickups(1),
-                Err(error) => {
-                    debug!(tenant = %id, %error, "could not open a tenant whose home this is")
-                }
+    let chunks = tenants.chunks(PICKUP_BATCH_SIZE).map(<[_]>::to_vec);
+    in_lanes(chunks, PICKUP_BATCHES, |chunk| async {
+        let (opened, left) = crate::protocol::open::open_many(replica, chunk).await;
+        crate::metrics::placement_pickups(opened);
+        crate::sync::lock(&rest).extend(left);
+    })
+    .await;
+    let rest = std::mem::take(&mut *crate::sync::lock(&rest));
+    in_lanes(rest, PICKUP_LANES, |id| async move {
+        match crate::protocol::open::open(replica, &id, false).await {
+            Ok(_) => crate::metrics::placement_pickups(1),
+            Err(error) => {
+                debug!(tenant = %id, %error, "could not open a tenant whose home this is")
             }
         }
-    };
-    join_all((0..PICKUP_LANES).map(|_| lane())).await;
+    })
+    .await;
     Ok(listed)
 }
 
@@ -260,28 +252,23 @@ async fn move_home(replica: &Arc<Replica>, budget: usize) -> Result<usize> {
         .map_err(Error::db("look for tenants away from home"))?
     };
     let listed = moves.len();
-    let queue = std::sync::Mutex::new(moves.into_iter());
-    let lane = || async {
-        loop {
-            let next = crate::sync::lock(&queue).next();
-            let Some(next) = next else { return };
-            let Some(handle) = replica
-                .handle(&next.tenant)
-                .filter(|h| h.is_serving() && h.epoch == next.epoch)
-            else {
-                continue;
-            };
-            match crate::protocol::handoff::hand_over(&handle, Some(&next.home)).await {
-                Ok(()) => crate::metrics::placement_move(),
-                // Busy (the drain gave up), or the tenure ended meanwhile: the next look
-                // tries again.
-                Err(error) => {
-                    replica.maybe_away.store(true, Ordering::Release);
-                    debug!(tenant = %next.tenant, to = %next.home, %error, "could not move a tenant home");
-                }
+    in_lanes(moves, LANES, |next| async move {
+        let Some(handle) = replica
+            .handle(&next.tenant)
+            .filter(|h| h.is_serving() && h.epoch == next.epoch)
+        else {
+            return;
+        };
+        match crate::protocol::handoff::hand_over(&handle, Some(&next.home)).await {
+            Ok(()) => crate::metrics::placement_move(),
+            // Busy (the drain gave up), or the tenure ended meanwhile: the next look tries
+            // again.
+            Err(error) => {
+                replica.maybe_away.store(true, Ordering::Release);
+                debug!(tenant = %next.tenant, to = %next.home, %error, "could not move a tenant home");
             }
         }
-    };
-    join_all((0..LANES).map(|_| lane())).await;
+    })
+    .await;
     Ok(listed)
 }
