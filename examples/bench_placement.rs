@@ -5,7 +5,8 @@
 //! Run with `cargo run --release --example bench_placement` (PostgreSQL on 127.0.0.1:5432, or
 //! whatever `pgtenant_testkit::TestDatabase::create` finds; only 127.0.0.1 is accepted);
 //! `-- --tenants N` for a smaller fleet, `-- --rounds R` for the join's rounds, `-- --rate Q`
-//! for the load, `-- --moves-per-second M` for the rebalancing rate. In one run:
+//! for the load, `-- --moves-per-second M` for the rebalancing rate, `-- --retry-pause-max-ms
+//! P` for the load's longest pause between two tries of a request. In one run:
 //!
 //! 1. **Join.** 4 replicas (routers in this process) hold `N` open tenants (10 000), each at its
 //!    home; a 5th joins. Measured: the time from its start until every replica holds exactly
@@ -28,7 +29,8 @@
 //! (an open loop), each a fenced `INSERT … ON CONFLICT DO NOTHING` of a unique sequence number
 //! into a random tenant, entering at a random replica and sent on
 //! at most once (`Router::route`, then `Router::route_forwarded` at the owner), retried while
-//! the tenant is between owners (up to 10 s: then it counts as failed).
+//! the tenant is between owners or its owner unreachable, after 5 ms doubled each time up to
+//! 200 ms (up to 10 s: then it counts as failed).
 //!
 //! It ends with one machine-readable line per part (`placement-bench:`, `placement-rolling:`,
 //! `placement-kill:`) and writes a Markdown report to `/tmp/bench_placement.md`.
@@ -64,6 +66,17 @@ const CREATE_CONCURRENCY: usize = 32;
 const BASELINE: Duration = Duration::from_secs(4);
 /// A request not served within this counts as failed.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// A request that was not served (its owner unreachable, the tenant between owners) is tried
+/// again after this, doubled each time up to [`RETRY_PAUSE_MAX_MS`], as an HTTP client backs
+/// off. Every try is a `route`, most of them a `locate` (one read): retried every 5 ms, or up
+/// to every 40 ms, the requests for a crashed replica's tenants (sent to it until its heartbeat
+/// expires) made the 300 requests a second 855–999 tries a second, which took the two cores
+/// from the takeovers and the load alike (served again 2.2–2.7 s; with 200 ms, 1.7 s).
+const RETRY_PAUSE: Duration = Duration::from_millis(5);
+/// The longest pause between two tries of a request (`--retry-pause-max-ms`).
+const RETRY_PAUSE_MAX_MS: usize = 200;
+/// Tries of the load's requests so far (each a `route`, most of them a `locate`).
+static TRIES: AtomicU64 = AtomicU64::new(0);
 /// Any convergence longer than this is a failure of the run.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(120);
 /// A convergence this slow prints what is away from home (once), to say why.
@@ -214,7 +227,9 @@ async fn insert(handle: &TenantHandle, seq: i64) -> pgtenant::Result<()> {
 /// while the tenant is between owners. True when acknowledged.
 async fn request(fleet: &Fleet, id: &TenantId, seq: i64, seed: &mut u64) -> bool {
     let deadline = Instant::now() + REQUEST_DEADLINE;
+    let mut pause = RETRY_PAUSE;
     while Instant::now() < deadline {
+        TRIES.fetch_add(1, Ordering::Relaxed);
         let Some(entry) = fleet.entry(xorshift(seed)) else {
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
@@ -234,7 +249,11 @@ async fn request(fleet: &Fleet, id: &TenantId, seq: i64, seed: &mut u64) -> bool
         if served {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2)
+            .min(Duration::from_millis(
+                arg("--retry-pause-max-ms", RETRY_PAUSE_MAX_MS) as u64,
+            ));
     }
     false
 }
@@ -752,9 +771,9 @@ async fn run(tenants: usize, rounds: usize, rate: usize) {
         .get(0);
     let killed_db = db_now(&admin).await;
     let killed = Instant::now();
+    let tries_before = TRIES.load(Ordering::Relaxed);
     let _ = child.kill();
     let _ = child.wait();
-    let survivors = home_counts(&admin).await;
     // Served again: nothing held by r6 or free (one indexed count; at home is checked after).
     let limit = Instant::now() + CONVERGE_LIMIT;
     loop {
@@ -778,6 +797,14 @@ async fn run(tenants: usize, rounds: usize, rate: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let served_again = killed.elapsed();
+    let tries_per_s =
+        (TRIES.load(Ordering::Relaxed) - tries_before) as f64 / served_again.as_secs_f64();
+    eprintln!(
+        "the load tried {tries_per_s:.0} requests a second until r6's tenants were served again"
+    );
+    // After the wait: the placement view computes the home of every tenant (a few hundred ms
+    // of both cores at 10 000), which ran beside the takeovers when read at the kill.
+    let survivors = home_counts(&admin).await;
     // The first and the last takeover of r6's tenants, after the kill (s).
     let takeovers = admin
         .query_one(
@@ -914,7 +941,8 @@ async fn run(tenants: usize, rounds: usize, rate: usize) {
     let _ = writeln!(
         report,
         "`{COMMAND}`, {} (PostgreSQL {}), CPU {}, {} tenants, {} replicas in this process + 1 \
-         child, ttl {:?}, stability window {:?}, {} moves/s, a load of {rate} requests/s, pool \
+         child, ttl {:?}, stability window {:?}, {} moves/s, a load of {rate} requests/s \
+         (retried after 5 ms doubling to {} ms), pool \
          {POOL_SIZE} per replica.\n",
         server.date,
         server.pg_version,
@@ -923,7 +951,8 @@ async fn run(tenants: usize, rounds: usize, rate: usize) {
         REPLICAS + 1,
         TTL,
         STABLE_FOR,
-        arg("--moves-per-second", MOVES_PER_SECOND)
+        arg("--moves-per-second", MOVES_PER_SECOND),
+        arg("--retry-pause-max-ms", RETRY_PAUSE_MAX_MS)
     );
     let _ = writeln!(report, "## Join ({rounds} rounds)\n");
     let _ = writeln!(

@@ -197,7 +197,15 @@ async fn take_over_orphans(replica: &Arc<Replica>, budget: usize) -> Result<usiz
             .await
             .map_err(Error::db(doing))?
     };
-    let listed = open_all(replica, orphans.clone()).await?;
+    // The first takeover of a dead incarnation seals it (session fencing, control plane V8):
+    // until that seal commits, every other takeover of its tenants locks the dead replica's
+    // row and waits for the transaction holding it, a whole batch. Survivors' first batches
+    // ran one after another so (a queue of up to 10 on that row, 0.4 s each, sampled in
+    // pg_locks during the placement benchmark's crash); one takeover alone commits the seal
+    // in milliseconds, and the batches after it find it and run side by side.
+    let (first, rest) = orphans.split_at(orphans.len().min(1));
+    let listed =
+        open_all(replica, first.to_vec()).await? + open_all(replica, rest.to_vec()).await?;
     // One not taken (refused while a reservation for a replica that left runs out, or busy):
     // the next periodic look tries again.
     if orphans.iter().any(|id| replica.handle(id).is_none()) {
