@@ -70,8 +70,8 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// again after this, doubled each time up to [`RETRY_PAUSE_MAX_MS`], as an HTTP client backs
 /// off. Every try is a `route`, most of them a `locate` (one read): retried every 5 ms, or up
 /// to every 40 ms, the requests for a crashed replica's tenants (sent to it until its heartbeat
-/// expires) made the 300 requests a second 855–999 tries a second, which took the two cores
-/// from the takeovers and the load alike (served again 2.2–2.7 s; with 200 ms, 1.7 s).
+/// expires) made the 300 requests a second 855–999 tries a second (610–650 with 200 ms), which
+/// took the two cores from the takeovers and the load alike.
 const RETRY_PAUSE: Duration = Duration::from_millis(5);
 /// The longest pause between two tries of a request (`--retry-pause-max-ms`).
 const RETRY_PAUSE_MAX_MS: usize = 200;
@@ -225,7 +225,13 @@ async fn insert(handle: &TenantHandle, seq: i64) -> pgtenant::Result<()> {
 
 /// One request: enter at a random replica, go where `route` says (one hop at most), retry
 /// while the tenant is between owners. True when acknowledged.
-async fn request(fleet: &Fleet, id: &TenantId, seq: i64, seed: &mut u64) -> bool {
+async fn request(
+    fleet: &Fleet,
+    id: &TenantId,
+    seq: i64,
+    seed: &mut u64,
+    pause_max: Duration,
+) -> bool {
     let deadline = Instant::now() + REQUEST_DEADLINE;
     let mut pause = RETRY_PAUSE;
     while Instant::now() < deadline {
@@ -250,10 +256,7 @@ async fn request(fleet: &Fleet, id: &TenantId, seq: i64, seed: &mut u64) -> bool
             return true;
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2)
-            .min(Duration::from_millis(
-                arg("--retry-pause-max-ms", RETRY_PAUSE_MAX_MS) as u64,
-            ));
+        pause = (pause * 2).min(pause_max);
     }
     false
 }
@@ -270,6 +273,7 @@ fn start_load(
     stop: Arc<AtomicBool>,
     rate: usize,
 ) -> tokio::task::JoinHandle<()> {
+    let pause_max = Duration::from_millis(arg("--retry-pause-max-ms", RETRY_PAUSE_MAX_MS) as u64);
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1) as f64));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -283,7 +287,7 @@ fn start_load(
             let (fleet, log) = (fleet.clone(), log.clone());
             let mut request_seed = seed ^ n as u64;
             running.spawn(async move {
-                if request(&fleet, &tenant(i), n, &mut request_seed).await {
+                if request(&fleet, &tenant(i), n, &mut request_seed, pause_max).await {
                     log.served
                         .lock()
                         .expect("log")
