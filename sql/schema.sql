@@ -25,6 +25,7 @@
 --   V18__alarms
 --   V19__alarm_requests
 --   V20__pickups_and_takeovers
+--   V21__reservations_of_the_dead
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -646,7 +647,11 @@ BEGIN
         PERFORM pgtenant.seal_incarnation(t.owner, t.owner_incarnation);
         PERFORM pgtenant.terminate_bound(t.owner, t.owner_incarnation, NULL, p_terminate_ms);
     END IF;
-    IF t.owner IS NULL AND t.reserved_for IS DISTINCT FROM p_replica AND t.reserved_until > now() THEN
+    -- A reservation binds while the replica it is for is alive: one whose lease session is
+    -- gone, expired or deregistered will not pick the tenant up (V21).
+    IF t.owner IS NULL AND t.reserved_for IS DISTINCT FROM p_replica AND t.reserved_until > now()
+       AND EXISTS (SELECT 1 FROM pgtenant.replica_liveness l
+                    WHERE l.replica_id = t.reserved_for AND l.alive) THEN
         PERFORM pgtenant.raise_held(p_key, t.reserved_for, t.epoch, t.reserved_until, true);
     END IF;
     -- A tenant whose schema vanished behind pgtenant's back is the tenant's fault, not the

@@ -206,7 +206,7 @@ impl TenantHandle {
     }
 
     /// Like [`TenantHandle::handoff`], and reserves the tenant for `replica` for the
-    /// reservation window, so no other replica takes it first.
+    /// reservation window, so no other replica takes it first while `replica` is alive.
     ///
     /// # Errors
     /// [`Error::NoSuchReplica`] before anything changes when `replica` is not a registered,

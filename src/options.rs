@@ -280,7 +280,8 @@ impl RouterOptions {
     }
 
     /// How long a directed handoff keeps a tenant reserved for its target (default 5 s, range
-    /// 1 ms..=10 min).
+    /// 1 ms..=10 min), while the target is alive: a reservation for a replica whose lease
+    /// session is gone, or that expired or deregistered, keeps the tenant from nobody.
     #[must_use]
     pub fn reservation(mut self, window: Duration) -> Self {
         self.reservation = window;

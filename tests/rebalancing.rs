@@ -327,6 +327,89 @@ async fn tenants_handed_to_a_replica_that_leaves_without_picking_them_up_are_tak
 }
 
 #[tokio::test]
+async fn tenants_handed_to_a_replica_that_dies_are_taken_by_their_homes_before_the_reservation_runs_out(
+) {
+    let (db, client) = database().await;
+    // Reservations of a minute: without control plane V21, `acquire` refused the homes for
+    // as long, so the test below would wait it out.
+    let window = Duration::from_secs(60);
+    let start_reserving = |name: &'static str| {
+        let options = placed(options(db.url(), name), name, STABLE).reservation(window);
+        async move { Router::start(options).await.expect("router starts") }
+    };
+    let a = start_reserving("dies-a").await;
+    let b = start_reserving("dies-b").await;
+    let ids: Vec<TenantId> = (0..30).map(|i| tenant(&format!("dies-{i}"))).collect();
+    create_at(&a, &ids).await;
+    all_at_home(&client, Duration::from_secs(20)).await;
+
+    // A third replica registered by hand, alive while its session holds the liveness lock,
+    // opening nothing: once stable, A and B hand it its share, which stays free, reserved for
+    // it.
+    let c = support::by_hand::connect(db.url()).await;
+    let _ = support::by_hand::register_by_hand(&c, "dies-c").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (reserved, homed) = reserved_and_homed(&client, "dies-c").await;
+        if reserved > 0 && reserved == homed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{reserved} of {homed} tenants whose home is dies-c were handed to it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // It dies (its connection closes, and with it the liveness lock) without leaving: the
+    // tenants' homes among A and B take them while the reservations still run.
+    drop(c);
+    let reserved_until: f64 = client
+        .query_one(
+            "SELECT extract(epoch FROM min(reserved_until))::float8 FROM pgtenant.tenants
+              WHERE owner IS NULL AND reserved_for = 'dies-c'",
+            &[],
+        )
+        .await
+        .expect("reservations")
+        .get(0);
+    loop {
+        let (free, now): (i64, f64) = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE owner IS NULL),
+                        extract(epoch FROM clock_timestamp())::float8
+                   FROM pgtenant.tenants WHERE schema_name IS NOT NULL",
+                &[],
+            )
+            .await
+            .map(|row| (row.get(0), row.get(1)))
+            .expect("free tenants");
+        if free == 0 {
+            break;
+        }
+        assert!(
+            now < reserved_until,
+            "{free} tenants handed to dies-c are still free when their reservation runs out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = owners(&client).await;
+    assert!(
+        held.values()
+            .all(|owner| matches!(owner.as_deref(), Some("dies-a" | "dies-b"))),
+        "{held:?}"
+    );
+    // Each by its home among the two: no herd.
+    let keys: Vec<String> = held.keys().cloned().collect();
+    let expected = homes(&client, &keys, &["dies-a", "dies-b"]).await;
+    for (key, owner) in &held {
+        assert_eq!(owner.as_ref(), expected.get(key), "{key} taken by its home");
+    }
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
 async fn a_tenant_whose_handoff_target_dies_during_the_drain_comes_back_to_its_sender() {
     let (db, client) = database().await;
     let a = start(db.url(), "back-a", STABLE).await;

@@ -186,8 +186,8 @@ pub(crate) async fn serve_requests(
     }
 }
 
-/// Refuses a handoff target that is not a registered, live replica, before anything changes: a
-/// reservation for it would keep the tenant from everyone for the window.
+/// Refuses a handoff target that is not a registered, live replica, before anything changes: it
+/// would not pick the tenant up (and a reservation for it binds nobody, control plane V21).
 async fn ensure_live_replica(shared: &Replica, replica: &ReplicaId) -> Result<()> {
     let client = shared
         .pool

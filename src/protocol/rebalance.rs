@@ -206,8 +206,8 @@ async fn take_over_orphans(replica: &Arc<Replica>, budget: usize) -> Result<usiz
     let (first, rest) = orphans.split_at(orphans.len().min(1));
     let listed =
         open_all(replica, first.to_vec()).await? + open_all(replica, rest.to_vec()).await?;
-    // One not taken (refused while a reservation for a replica that left runs out, or busy):
-    // the next periodic look tries again.
+    // One not taken (busy, or reserved for a replica that is alive again): the next periodic
+    // look tries again.
     if orphans.iter().any(|id| replica.handle(id).is_none()) {
         replica.maybe_away.store(true, Ordering::Release);
     }

@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 20] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 21] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -116,6 +116,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 20] = [
     (
         "V20__pickups_and_takeovers",
         include_str!("../../migrations/V20__pickups_and_takeovers.sql"),
+    ),
+    (
+        "V21__reservations_of_the_dead",
+        include_str!("../../migrations/V21__reservations_of_the_dead.sql"),
     ),
 ];
 
