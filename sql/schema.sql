@@ -26,6 +26,7 @@
 --   V19__alarm_requests
 --   V20__pickups_and_takeovers
 --   V21__reservations_of_the_dead
+--   V22__locate_with_a_kept_plan
 
 CREATE SCHEMA pgtenant;
 GRANT USAGE ON SCHEMA pgtenant TO PUBLIC;
@@ -1616,22 +1617,28 @@ REVOKE EXECUTE ON FUNCTION pgtenant.leave(text, bigint, text) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pgtenant.locate(p_key text)
  RETURNS TABLE(owner text, epoch bigint, address text, owner_alive boolean, reserved_for text, reserved_address text, home text, home_address text)
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pgtenant'
 AS $function$
-SELECT t.owner, t.epoch, o.address,
-       o.replica_id IS NOT NULL AND o.released_at IS NULL AND o.expires_at > now()
-           AND o.incarnation = t.owner_incarnation,
-       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN t.reserved_for END,
-       CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END,
-       h.home, hr.address
-  FROM (SELECT pgtenant.home(p_key) AS home) h
-  LEFT JOIN pgtenant.tenants t ON t.key = p_key
-  LEFT JOIN pgtenant.replicas o ON o.replica_id = t.owner
-  LEFT JOIN pgtenant.replicas v ON v.replica_id = t.reserved_for
-  LEFT JOIN pgtenant.replicas hr ON hr.replica_id = h.home
-$function$;
+BEGIN
+    RETURN QUERY
+    SELECT t.owner, t.epoch, o.address,
+           o.replica_id IS NOT NULL AND o.released_at IS NULL AND o.expires_at > now()
+               AND o.incarnation = t.owner_incarnation,
+           CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN t.reserved_for END,
+           CASE WHEN t.owner IS NULL AND t.reserved_until > now() THEN v.address END,
+           h.replica_id, h.address
+      FROM (SELECT 1) one
+      LEFT JOIN LATERAL (SELECT c.replica_id, c.address
+                           FROM pgtenant.placement_candidates c
+                          ORDER BY pgtenant.placement_score(p_key, c.replica_id, c.weight) DESC,
+                                   c.replica_id
+                          LIMIT 1) h ON true
+      LEFT JOIN pgtenant.tenants t ON t.key = p_key
+      LEFT JOIN pgtenant.replicas o ON o.replica_id = t.owner
+      LEFT JOIN pgtenant.replicas v ON v.replica_id = t.reserved_for;
+END $function$;
 COMMENT ON FUNCTION pgtenant.locate(text) IS 'Who serves tenant p_key and where: owner, epoch, the owner''s registered address, whether its heartbeat is current, the replica (and address) it is reserved for by a directed handoff, and its home among the live replicas (and that one''s address). epoch NULL: the tenant was never created.';
 REVOKE EXECUTE ON FUNCTION pgtenant.locate(text) FROM PUBLIC;
 

@@ -36,7 +36,7 @@ pub(crate) async fn granted() -> (
 }
 
 /// The control-plane migrations of every release, in order.
-pub(crate) const CONTROL_PLANE: [(&str, &str); 21] = [
+pub(crate) const CONTROL_PLANE: [(&str, &str); 22] = [
     (
         "V1__control_plane",
         include_str!("../../migrations/V1__control_plane.sql"),
@@ -120,6 +120,10 @@ pub(crate) const CONTROL_PLANE: [(&str, &str); 21] = [
     (
         "V21__reservations_of_the_dead",
         include_str!("../../migrations/V21__reservations_of_the_dead.sql"),
+    ),
+    (
+        "V22__locate_with_a_kept_plan",
+        include_str!("../../migrations/V22__locate_with_a_kept_plan.sql"),
     ),
 ];
 
