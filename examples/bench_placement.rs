@@ -70,7 +70,7 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 /// again after this, doubled each time up to [`RETRY_PAUSE_MAX_MS`], as an HTTP client backs
 /// off. Every try is a `route`, most of them a `locate` (one read): retried every 5 ms, or up
 /// to every 40 ms, the requests for a crashed replica's tenants (sent to it until its heartbeat
-/// expires) made the 300 requests a second 855–999 tries a second (610–650 with 200 ms), which
+/// expires) made the 300 requests a second 855–999 tries a second (580–690 with 200 ms), which
 /// took the two cores from the takeovers and the load alike.
 const RETRY_PAUSE: Duration = Duration::from_millis(5);
 /// The longest pause between two tries of a request (`--retry-pause-max-ms`).
@@ -533,6 +533,10 @@ async fn join_round(
             )
         })
         .unwrap_or_default();
+    let (base, during) = (
+        log.latencies_between(base_from, base_to),
+        log.latencies_between(started, move_to),
+    );
     JoinRound {
         timeline,
         converge: done - started,
@@ -542,13 +546,11 @@ async fn join_round(
         spread_pct: spread_pct(&local_counts(fleet)),
         failed: log.failed_between(started, move_to),
         throughput: (
-            log.latencies_between(base_from, base_to).len() as f64
-                / (base_to - base_from).as_secs_f64(),
-            log.latencies_between(started, move_to).len() as f64
-                / (move_to - started).as_secs_f64(),
+            base.len() as f64 / (base_to - base_from).as_secs_f64(),
+            during.len() as f64 / (move_to - started).as_secs_f64(),
         ),
-        p99_base: p99(&log.latencies_between(base_from, base_to)),
-        p99_move: p99(&log.latencies_between(started, move_to)),
+        p99_base: p99(&base),
+        p99_move: p99(&during),
         p99_unmoved: p99(
             &log.latencies_of(started, move_to, |i| !moved_keys.contains(tenant(i).key()))
         ),

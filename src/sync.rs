@@ -43,9 +43,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Runs futures concurrently on this task and waits for all (no extra dependency for it).
-pub(crate) async fn join_all<F: std::future::Future<Output = ()>>(
-    futures: impl Iterator<Item = F>,
-) {
+async fn join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
     let mut set: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
     std::future::poll_fn(|cx| {
         set.retain_mut(|f| f.as_mut().poll(cx).is_pending());

@@ -244,6 +244,23 @@ async fn close_hands_each_tenant_to_its_next_home_which_serves_it_at_once() {
     c.close().await;
 }
 
+/// Waits (up to 20 s) until every tenant whose home is `replica` was handed to it and is free,
+/// reserved for it: a replica registered by hand, which opens nothing.
+async fn handed_its_share(client: &tokio_postgres::Client, replica: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (reserved, homed) = reserved_and_homed(client, replica).await;
+        if reserved > 0 && reserved == homed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{reserved} of {homed} tenants whose home is {replica} were handed to it"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The number of live tenants reserved for `replica` and free, and of those whose home it is.
 async fn reserved_and_homed(client: &tokio_postgres::Client, replica: &str) -> (i64, i64) {
     let row = client
@@ -273,18 +290,7 @@ async fn tenants_handed_to_a_replica_that_leaves_without_picking_them_up_are_tak
     // free, reserved for it.
     let c = support::by_hand::connect(db.url()).await;
     let (incarnation, secret) = support::by_hand::register_by_hand(&c, "gone-c").await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (reserved, homed) = reserved_and_homed(&client, "gone-c").await;
-        if reserved > 0 && reserved == homed {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{reserved} of {homed} tenants whose home is gone-c were handed to it"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    handed_its_share(&client, "gone-c").await;
 
     // It leaves, as a closing replica does first, and never picks them up: their homes among
     // A and B take them, without a request (before control plane V17 they stayed free).
@@ -348,18 +354,7 @@ async fn tenants_handed_to_a_replica_that_dies_are_taken_by_their_homes_before_t
     // it.
     let c = support::by_hand::connect(db.url()).await;
     let _ = support::by_hand::register_by_hand(&c, "dies-c").await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (reserved, homed) = reserved_and_homed(&client, "dies-c").await;
-        if reserved > 0 && reserved == homed {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{reserved} of {homed} tenants whose home is dies-c were handed to it"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    handed_its_share(&client, "dies-c").await;
 
     // It dies (its connection closes, and with it the liveness lock) without leaving: the
     // tenants' homes among A and B take them while the reservations still run.
